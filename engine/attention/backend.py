@@ -1,0 +1,59 @@
+"""The attention backend interface and the one place that picks an implementation."""
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from kvserve.engine.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(ABC):
+    """Paged attention over a flat batch.
+
+    Caches are per layer, shaped ``[num_blocks, block_size, num_kv_heads,
+    head_dim]``. Every implementation must give the same results as the torch
+    one (the reference), for any GQA ratio, ragged batch and block table.
+    """
+
+    name: str
+
+    @abstractmethod
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their slots."""
+
+    @abstractmethod
+    def attend(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Causal attention of ``query`` ``[num_tokens, num_heads, head_dim]`` over each
+        sequence's cached context; returns ``[num_tokens, num_heads, head_dim]``."""
+
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def select_backend(device: torch.device, choice: str = "auto") -> AttentionBackend:
+    """Triton on CUDA, torch elsewhere; ``choice`` overrides (``torch`` or ``triton``)."""
+    if choice not in BACKENDS:
+        raise ValueError(f"attention backend must be one of {BACKENDS}, got {choice!r}")
+    if choice == "auto":
+        choice = "triton" if device.type == "cuda" else "torch"
+    if choice == "triton":
+        from kvserve.engine.attention.triton_backend import TritonAttention
+
+        return TritonAttention()
+    from kvserve.engine.attention.torch_backend import TorchAttention
+
+    return TorchAttention()

@@ -1,0 +1,80 @@
+"""Paged attention in plain torch: the CPU path and the reference for the GPU kernels."""
+
+from itertools import accumulate
+
+import torch
+import torch.nn.functional as F
+
+from kvserve.engine.attention.backend import AttentionBackend
+from kvserve.engine.attention.metadata import AttentionMetadata
+
+
+def gather_context(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
+    """Rows of ``block_tables`` ``[B, nb]`` → their first ``length`` cached tokens
+    ``[B, num_kv_heads, length, head_dim]``."""
+    num_blocks = -(-length // cache.shape[1])
+    blocks = cache[block_tables[:, :num_blocks].long()]  # [B, nb, block_size, kvh, d]
+    return blocks.flatten(1, 2)[:, :length].transpose(1, 2)
+
+
+class TorchAttention(AttentionBackend):
+    """Decode tokens (query length 1) of all sequences go through one batched,
+    length-masked SDPA call; prefill chunks go one sequence at a time."""
+
+    name = "torch"
+
+    def store_kv(self, key, value, key_cache, value_cache, slot_mapping):
+        num_kv_heads, head_dim = key.shape[1:]
+        key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
+        value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+
+    def attend(self, query, key_cache, value_cache, meta: AttentionMetadata, scale):
+        out = torch.empty_like(query)
+        starts = [0, *accumulate(meta.query_lens_host)]
+        decodes = [i for i, q in enumerate(meta.query_lens_host) if q == 1]
+        if decodes:
+            rows = torch.tensor([starts[i] for i in decodes])
+            out[rows] = self._decode(query[rows], key_cache, value_cache, meta, decodes, scale)
+        for i, q_len in enumerate(meta.query_lens_host):
+            if q_len > 1:
+                rows = slice(starts[i], starts[i + 1])
+                out[rows] = self._prefill(query[rows], key_cache, value_cache, meta, i, scale)
+        return out
+
+    @staticmethod
+    def _decode(query, key_cache, value_cache, meta, seqs: list[int], scale: float):
+        index = torch.tensor(seqs)
+        seq_lens = meta.seq_lens[index].to(torch.long)
+        length = max(meta.seq_lens_host[i] for i in seqs)
+        tables = meta.block_tables[index]
+        key = gather_context(key_cache, tables, length)
+        value = gather_context(value_cache, tables, length)
+        mask = torch.arange(length, device=query.device)[None, :] < seq_lens[:, None]
+        out = F.scaled_dot_product_attention(
+            query.unsqueeze(2),  # [B, H, 1, d]
+            key,
+            value,
+            attn_mask=mask[:, None, None, :],
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out.squeeze(2)
+
+    @staticmethod
+    def _prefill(query, key_cache, value_cache, meta, seq: int, scale: float):
+        q_len, seq_len = meta.query_lens_host[seq], meta.seq_lens_host[seq]
+        tables = meta.block_tables[seq : seq + 1]
+        key = gather_context(key_cache, tables, seq_len)
+        value = gather_context(value_cache, tables, seq_len)
+        q = query.transpose(0, 1).unsqueeze(0)  # [1, H, q_len, d]
+        if q_len == seq_len:
+            out = F.scaled_dot_product_attention(
+                q, key, value, is_causal=True, scale=scale, enable_gqa=True
+            )
+        else:
+            positions = torch.arange(seq_len - q_len, seq_len, device=query.device)
+            mask = torch.arange(seq_len, device=query.device)[None, :] <= positions[:, None]
+            out = F.scaled_dot_product_attention(
+                q, key, value, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+        return out[0].transpose(0, 1)
