@@ -1,1 +1,19 @@
-"""kvserve: a paged-KV LLM serving engine, its OpenAI-compatible server and its Kubernetes operator."""
+"""kvserve: a paged-KV LLM serving engine, its OpenAI-compatible server and its Kubernetes operator.
+
+``LLM`` and ``SamplingParams`` load lazily, so the operator (``kvserve.operator``)
+imports without torch.
+"""
+
+__all__ = ["LLM", "SamplingParams"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from kvserve.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from kvserve.engine.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'kvserve' has no attribute {name!r}")

@@ -3,7 +3,6 @@
 from abc import ABC, abstractmethod
 
 import torch
-
 from kvserve.engine.attention.metadata import AttentionMetadata
 
 

@@ -4,7 +4,6 @@ from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
-
 from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.attention.metadata import AttentionMetadata
 

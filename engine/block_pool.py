@@ -1,0 +1,81 @@
+"""Fixed-size KV blocks: a free queue, reference counts and the prefix-cache index."""
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+
+
+class BlockPool:
+    """Owns every KV block of the cache.
+
+    Invariants: a block is in the free queue exactly when its ``ref_count`` is
+    0; a block with a ``block_hash`` is findable through ``lookup`` until it is
+    handed out again. Free blocks are taken from the front of the queue (least
+    recently freed first), so an unreferenced cached block is evicted only when
+    no block that is older in the queue is left: LRU over cached blocks.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self._cached: dict[int, Block] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks referenced by some request (cached-but-free counts as free)."""
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def allocate(self, count: int) -> list[Block]:
+        """Hand out ``count`` free blocks with ref_count 1, evicting their cache entries."""
+        if count > len(self._free):
+            raise RuntimeError(f"asked for {count} blocks, {len(self._free)} free")
+        blocks = []
+        for _ in range(count):
+            _, block = self._free.popitem(last=False)
+            if block.block_hash is not None:
+                del self._cached[block.block_hash]
+                block.block_hash = None
+            block.ref_count = 1
+            blocks.append(block)
+        return blocks
+
+    def lookup(self, block_hash: int) -> Block | None:
+        return self._cached.get(block_hash)
+
+    def touch(self, blocks: list[Block]) -> None:
+        """Take one more reference on each block (prefix-cache hits)."""
+        for block in blocks:
+            if block.ref_count == 0:
+                del self._free[block.block_id]
+            block.ref_count += 1
+
+    def free(self, blocks: list[Block]) -> None:
+        """Drop one reference on each block, in the order given; unreferenced blocks
+        join the back of the free queue (callers pass a table tail-first so a
+        request's last blocks are evicted before its shared prefix)."""
+        for block in blocks:
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise RuntimeError(f"block {block.block_id} freed more often than taken")
+            if block.ref_count == 0:
+                self._free[block.block_id] = block
+
+    def cache(self, block: Block, block_hash: int) -> None:
+        """Make a full block findable by its hash (first writer wins on a duplicate)."""
+        if self.enable_caching and block.block_hash is None and block_hash not in self._cached:
+            block.block_hash = block_hash
+            self._cached[block_hash] = block

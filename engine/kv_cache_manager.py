@@ -1,0 +1,85 @@
+"""Block tables of requests over the block pool, with prefix caching."""
+
+from kvserve.engine.block_pool import Block, BlockPool
+from kvserve.engine.request import Request
+
+
+def chain_hash(parent: int | None, tokens: list[int]) -> int:
+    """Key of a full block: its parent's key and its own token ids."""
+    return hash((parent, *tokens))
+
+
+class KVCacheManager:
+    """Gives each request the blocks its tokens need.
+
+    A request's table (``request.block_ids``) covers its first
+    ``num_computed_tokens`` (+ the tokens scheduled this step) tokens. With
+    prefix caching on, full blocks are indexed by chained hash once their KV has
+    been computed, and a new request starts from the longest cached run of its
+    prompt's full blocks (never the whole prompt: its last token is always
+    computed, to produce the logits of the first output token).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def computed_blocks(self, request: Request) -> list[Block]:
+        """The cached blocks that hold a prefix of a request that has none computed yet."""
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[Block] = []
+        parent = None
+        tokens = request.all_token_ids
+        for start in range(0, request.num_tokens - 1 - self.block_size + 1, self.block_size):
+            parent = chain_hash(parent, tokens[start : start + self.block_size])
+            block = self.pool.lookup(parent)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, computed: list[Block] | None = None
+    ) -> bool:
+        """Extend the request's table (after adopting ``computed`` prefix hits) to
+        cover ``num_new_tokens`` more tokens. All or nothing: False, and no change,
+        when the free blocks do not suffice."""
+        computed = computed or []
+        covered = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
+        new_count = self.blocks_needed(covered) - len(request.block_ids) - len(computed)
+        reclaimed = sum(1 for b in computed if b.ref_count == 0)
+        if new_count > self.pool.num_free_blocks - reclaimed:
+            return False
+        self.pool.touch(computed)
+        request.block_ids.extend(b.block_id for b in computed)
+        request.block_hashes.extend(b.block_hash for b in computed)
+        request.block_ids.extend(b.block_id for b in self.pool.allocate(new_count))
+        return True
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Index the request's full blocks whose KV is now computed."""
+        if not self.enable_prefix_caching:
+            return
+        full = request.num_computed_tokens // self.block_size
+        tokens = request.all_token_ids
+        for index in range(len(request.block_hashes), full):
+            parent = request.block_hashes[-1] if request.block_hashes else None
+            start = index * self.block_size
+            block_hash = chain_hash(parent, tokens[start : start + self.block_size])
+            self.pool.cache(self.pool.blocks[request.block_ids[index]], block_hash)
+            request.block_hashes.append(block_hash)
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first, and empty its table."""
+        self.pool.free([self.pool.blocks[i] for i in reversed(request.block_ids)])
+        request.block_ids = []
+        request.block_hashes = []
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage

@@ -1,0 +1,57 @@
+"""The offline API: a batch of prompts in, their completions out."""
+
+import itertools
+from collections.abc import Sequence
+
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.outputs import RequestOutput
+from kvserve.engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """``LLM(model=PATH, **engine_settings).generate(prompts, params)``.
+
+    Settings are those of ``EngineConfig``. ``generate`` takes one prompt or a
+    list (strings or token-id lists) and one ``SamplingParams`` or one per
+    prompt, runs them all with continuous batching and returns one output per
+    prompt, in order.
+    """
+
+    def __init__(self, model: str, **settings) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **settings))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = params or SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        ids = [str(next(self._ids)) for _ in prompts]
+        added = []
+        try:
+            for request_id, prompt, p in zip(ids, prompts, params, strict=True):
+                self.engine.add_request(request_id, prompt, p)
+                added.append(request_id)
+        except ValueError:
+            for request_id in added:
+                self.engine.abort_request(request_id)
+            raise
+        finished: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for output in self.engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+        return [finished[i] for i in ids]

@@ -1,0 +1,131 @@
+"""Weights and KV tensors; one flat batch per step through the model."""
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from kvserve.engine.attention.backend import select_backend
+from kvserve.engine.attention.metadata import AttentionMetadata
+from kvserve.engine.config import DEFAULT_CPU_KV_CACHE_GB, EngineConfig
+from kvserve.engine.models.loader import load_model
+from kvserve.engine.models.model_config import ModelConfig
+from kvserve.engine.scheduler import SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # rows whose logits are sampled, one per sampling request
+
+
+class ModelRunner:
+    """Loads the model, owns the paged KV cache and runs each step's batch.
+
+    The batch is flat and unpadded: the scheduled tokens of every request,
+    concatenated in scheduling order. Only the last row of each request that
+    completes its tokens this step goes through the LM head.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        max_model_len: int,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.device = config.torch_device()
+        self.dtype = config.torch_dtype(model_config.torch_dtype, self.device)
+        self.block_size = config.block_size
+        self.backend = select_backend(self.device, config.attention_backend)
+        self.model = load_model(
+            config.model,
+            model_config,
+            self.backend,
+            max_model_len,
+            self.dtype,
+            self.device,
+            progress,
+        )
+        self.num_blocks = self._num_blocks()
+        shape = (self.num_blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(model_config.num_layers)
+        ]
+
+    @property
+    def block_bytes(self) -> int:
+        cfg = self.model_config
+        per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
+        return per_token * self.block_size
+
+    def _num_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        budget_gb = self.config.kv_cache_memory_gb or DEFAULT_CPU_KV_CACHE_GB
+        if self.config.kv_cache_memory_gb is None and self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget_gb = free * self.config.gpu_memory_utilization / 2**30
+        blocks = int(budget_gb * 2**30) // self.block_bytes
+        if blocks < 1:
+            raise ValueError(f"a KV budget of {budget_gb:.3f} GiB holds no block")
+        return blocks
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        bs = self.block_size
+        ids: list[int] = []
+        positions, slots, query_lens, seq_lens = [], [], [], []
+        tables = np.zeros(
+            (len(out.scheduled), max(len(r.block_ids) for r, _ in out.scheduled)), dtype=np.int32
+        )
+        for row, (request, num_new) in enumerate(out.scheduled):
+            start = request.num_computed_tokens
+            ids.extend(request.all_token_ids[start : start + num_new])
+            table = np.asarray(request.block_ids, dtype=np.int64)
+            pos = np.arange(start, start + num_new)
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            tables[row, : len(table)] = table
+            query_lens.append(num_new)
+            seq_lens.append(start + num_new)
+        ends = np.cumsum(query_lens)
+        sampled = [
+            row
+            for row, (r, n) in enumerate(out.scheduled)
+            if r.num_computed_tokens + n == r.num_tokens
+        ]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev),
+            query_start_loc=torch.from_numpy(np.concatenate([[0], ends]).astype(np.int32)).to(dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.from_numpy(tables).to(dev),
+            query_lens_host=query_lens,
+            seq_lens_host=seq_lens,
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+        )
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.from_numpy(np.concatenate(positions)).to(dev),
+            meta=meta,
+            logits_indices=torch.from_numpy(ends[sampled] - 1).to(dev),
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> torch.Tensor:
+        """Run the step; fp32 logits ``[num_sampling_requests, vocab]``."""
+        inputs = self.prepare(out)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        return self.model.logits(hidden[inputs.logits_indices])

@@ -1,0 +1,27 @@
+"""What the engine hands back for each request."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int]  # all generated so far
+    text: str
+    finish_reason: str | None = None  # None while running, then "stop", "length" or "abort"
+    stop_reason: int | str | None = None  # the stop token id or string that ended it
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,166 @@
+"""Which requests run this step, and how many of their tokens."""
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvserve.engine.kv_cache_manager import KVCacheManager
+from kvserve.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class SchedulerOutput:
+    """The step's work in batch order: each request with its number of new tokens."""
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    @property
+    def sampling_requests(self) -> list[Request]:
+        """Requests whose scheduled tokens reach their end: each yields one token."""
+        return [r for r, n in self.scheduled if r.num_computed_tokens + n == r.num_tokens]
+
+
+@dataclass
+class SchedulerStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+
+
+class Scheduler:
+    """FCFS continuous batching with one token budget per step."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = SchedulerStats()
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        # No prefill or decode phase: every request's num_computed_tokens chases its
+        # num_tokens. The budget goes to running requests first (a decode token or
+        # the next prefill chunk), then to waiting ones; when blocks run out the
+        # latest running request is preempted and will be recomputed.
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append((request, num_new))
+                budget -= num_new
+                index += 1
+        while self.waiting and budget > 0 and not out.preempted:
+            if len(self.running) >= self.config.max_num_seqs:
+                break
+            request = self.waiting[0]
+            computed = self.kv.computed_blocks(request)
+            num_cached = len(computed) * self.kv.block_size
+            num_new = min(request.num_tokens - num_cached, budget)
+            if not self.kv.allocate_slots(request, num_new, computed):
+                break
+            self.waiting.popleft()
+            self.stats.prefix_cache_queries += request.num_tokens
+            self.stats.prefix_cache_hits += num_cached
+            request.num_computed_tokens = num_cached
+            if request.first_scheduled_time is None:
+                request.num_cached_prompt_tokens = num_cached
+                request.first_scheduled_time = time.monotonic()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append((request, num_new))
+            budget -= num_new
+        self._refresh_stats()
+        return out
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)
+        self.stats.num_preemptions += 1
+
+    def update(self, out: SchedulerOutput, sampled: list[int], eos_token_ids: set[int]) -> None:
+        """Advance each scheduled request by its tokens and append the sampled
+        tokens (``sampled`` follows ``out.sampling_requests``); finish and free the
+        requests that hit a stop condition."""
+        sampling = out.sampling_requests
+        for request, num_new in out.scheduled:
+            request.num_computed_tokens += num_new
+        now = time.monotonic()
+        for request, token in zip(sampling, sampled, strict=True):
+            request.all_token_ids.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            self._check_stop(request, token, eos_token_ids)
+        for request, _ in out.scheduled:
+            self.kv.cache_computed_blocks(request)
+            if request.is_finished:
+                self._remove(request)
+        self._refresh_stats()
+
+    def _check_stop(self, request: Request, token: int, eos_token_ids: set[int]) -> None:
+        params = request.params
+        if token in params.stop_token_ids:
+            request.finish("stop", token)
+        elif token in eos_token_ids and not params.ignore_eos:
+            request.finish("stop", None)
+        elif (
+            len(request.all_token_ids) - request.num_prompt_tokens == params.max_tokens
+            or request.num_tokens >= self.config.max_model_len
+        ):
+            request.finish("length")
+
+    def abort(self, request: Request) -> None:
+        """Drop a request wherever it is; its blocks are freed at once."""
+        if request.is_finished:
+            return
+        request.finish("abort")
+        if request in self.waiting:
+            self.waiting.remove(request)
+        else:
+            self._remove(request)
+        self._refresh_stats()
+
+    def _remove(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+
+    def _refresh_stats(self) -> None:
+        self.stats.num_running = len(self.running)
+        self.stats.num_waiting = len(self.waiting)
+        self.stats.kv_cache_usage = self.kv.usage
