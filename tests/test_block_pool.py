@@ -1,0 +1,65 @@
+"""The block pool's policy, pinned down by exact block ids."""
+
+import pytest
+
+from kvserve.engine.block_pool import BlockPool
+
+
+def ids(blocks):
+    return [b.block_id for b in blocks]
+
+
+def test_allocates_from_the_front_and_frees_to_the_back():
+    pool = BlockPool(6, enable_caching=False)
+    first = pool.allocate(3)
+    assert ids(first) == [0, 1, 2]
+    assert pool.num_free_blocks == 3 and pool.usage == pytest.approx(0.5)
+    pool.free(list(reversed(first)))  # a table is freed tail first
+    assert ids(pool.allocate(6)) == [3, 4, 5, 2, 1, 0]
+
+
+def test_reference_counts_keep_shared_blocks_out_of_the_free_queue():
+    pool = BlockPool(4, enable_caching=True)
+    (block,) = pool.allocate(1)
+    pool.cache(block, 1234)
+    pool.touch([block])
+    pool.free([block])
+    assert block.ref_count == 1 and pool.num_free_blocks == 3
+    pool.free([block])
+    assert block.ref_count == 0 and pool.num_free_blocks == 4
+    with pytest.raises(RuntimeError, match="freed more often"):
+        pool.free([block])
+
+
+def test_cached_blocks_stay_findable_until_evicted_least_recently_freed_first():
+    pool = BlockPool(3, enable_caching=True)
+    a, b, c = pool.allocate(3)
+    for block, key in ((a, 10), (b, 11), (c, 12)):
+        pool.cache(block, key)
+    pool.free([b, a, c])
+    assert pool.lookup(10) is a and pool.lookup(11) is b
+    pool.touch([a])  # a hit takes a cached block back out of the free queue
+    assert ids(pool.allocate(1)) == [b.block_id]  # b was freed first: evicted first
+    assert pool.lookup(11) is None and b.block_hash is None
+    assert pool.lookup(12) is c and pool.num_free_blocks == 1
+
+
+def test_duplicate_content_keeps_the_first_block():
+    pool = BlockPool(2, enable_caching=True)
+    a, b = pool.allocate(2)
+    pool.cache(a, 7)
+    pool.cache(b, 7)
+    assert pool.lookup(7) is a and b.block_hash is None
+
+
+def test_caching_off_indexes_nothing():
+    pool = BlockPool(2, enable_caching=False)
+    (a,) = pool.allocate(1)
+    pool.cache(a, 7)
+    assert pool.lookup(7) is None
+
+
+def test_over_allocation_is_refused():
+    pool = BlockPool(2, enable_caching=False)
+    with pytest.raises(RuntimeError, match="asked for 3 blocks, 2 free"):
+        pool.allocate(3)

@@ -1,0 +1,71 @@
+"""Greedy output equals transformers' generate, token for token, whatever the batch,
+chunking, preemption or prefix caching; and every block comes back."""
+
+import random
+
+import pytest
+
+from kvserve import SamplingParams
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.llm_engine import LLMEngine
+
+from audit import assert_all_released, audit_blocks
+from conftest import FAMILIES
+from reference import assert_greedy_match, hf_greedy
+
+MAX_TOKENS = 24
+SCENARIOS = {
+    "whole-prompts": dict(num_kv_blocks=512, max_num_batched_tokens=2048),
+    "chunked-prefill": dict(num_kv_blocks=512, max_num_batched_tokens=16),
+    "preemption": dict(num_kv_blocks=40, max_num_batched_tokens=64),
+    "prefix-cache": dict(num_kv_blocks=512, max_num_batched_tokens=48, enable_prefix_caching=True),
+    "prefix-cache-preemption": dict(
+        num_kv_blocks=40, max_num_batched_tokens=64, enable_prefix_caching=True
+    ),
+}
+
+
+def make_prompts(seed: int, shared_prefixes: bool) -> list[list[int]]:
+    """18 prompts of 5..60 tokens; with shared prefixes, groups of three start alike."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(3, 512) for _ in range(rng.randrange(8, 30))] for _ in range(6)]
+    prompts = []
+    for i in range(18):
+        body = [rng.randrange(3, 512) for _ in range(rng.randrange(5, 31))]
+        prompts.append(prefixes[i // 3] + body if shared_prefixes else body + body[: i * 2])
+    return prompts
+
+
+def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    results: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                assert out.outputs[0].finish_reason == "length"
+                results[out.request_id] = out.outputs[0].token_ids
+        audit_blocks(engine)
+    assert_all_released(engine)
+    return [results[str(i)] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_matches_transformers(checkpoint, family, scenario):
+    path = str(checkpoint(family))
+    settings = dict(block_size=4, max_num_seqs=32, enable_prefix_caching=False)
+    settings.update(SCENARIOS[scenario])
+    engine = LLMEngine(EngineConfig(model=path, dtype="float32", **settings))
+    prompts = make_prompts(seed=len(family), shared_prefixes=scenario.startswith("prefix"))
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outputs = run(engine, prompts, params)
+    for prompt, got in zip(prompts, outputs, strict=True):
+        assert_greedy_match(path, prompt, hf_greedy(path, prompt, MAX_TOKENS), got)
+    stats = engine.stats
+    if "preemption" in scenario:
+        assert stats.num_preemptions > 0
+    if "prefix" in scenario:
+        assert stats.prefix_cache_hits > 0
+    else:
+        assert stats.prefix_cache_hits == 0
