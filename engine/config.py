@@ -18,7 +18,8 @@ DEFAULT_CPU_KV_CACHE_GB = 4.0
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine is built from. ``num_kv_blocks`` wins over the KV
-    memory budget (``kv_cache_memory_gb``; on CUDA, ``gpu_memory_utilization``)."""
+    memory budget (``kv_cache_memory_gb``; on CUDA, ``gpu_memory_utilization``).
+    ``enforce_eager`` turns off the CUDA graphs that replay decode steps."""
 
     model: str
     dtype: str = "auto"
@@ -30,6 +31,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     kv_cache_memory_gb: float | None = None
     gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
     tensor_parallel_size: int = 1

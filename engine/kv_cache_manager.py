@@ -29,8 +29,9 @@ class KVCacheManager:
         return -(-num_tokens // self.block_size)
 
     def computed_blocks(self, request: Request) -> list[Block]:
-        """The cached blocks that hold a prefix of a request that has none computed yet."""
-        if not self.enable_prefix_caching:
+        """The cached blocks that hold a prefix of a request that has none computed yet
+        (none for a request that wants prompt logprobs: those need every position computed)."""
+        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
             return []
         hits: list[Block] = []
         parent = None

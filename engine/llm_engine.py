@@ -3,16 +3,19 @@
 import logging
 from collections.abc import Callable
 
+import torch
+from transformers import AutoTokenizer
+
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.detokenizer import Detokenizer
 from kvserve.engine.kv_cache_manager import KVCacheManager
-from kvserve.engine.model_runner import ModelRunner
+from kvserve.engine.model_runner import ModelRunner, prompt_logprob_spans
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.outputs import CompletionOutput, RequestOutput
 from kvserve.engine.request import Request
-from kvserve.engine.sampler import Sampler
+from kvserve.engine.sampler import Sampler, logprobs_of
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
-from transformers import AutoTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ class LLMEngine:
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len),
             self.kv,
         )
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         log.info(
             "loaded %s (%s) dtype=%s device=%s kv_blocks=%d x %d tokens, max_model_len=%d",
@@ -78,7 +81,17 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
         self._validate(token_ids)
+        vocab = self.model_config.vocab_size
+        for name, ids in (
+            ("logit_bias", params.logit_bias),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
+            if not all(0 <= t < vocab for t in ids):
+                raise ValueError(f"invalid {name}: token ids must be in [0, {vocab})")
         request = Request(request_id, token_ids, params, text, arrival_time)
+        request.detokenizer = Detokenizer(
+            self.tokenizer, token_ids, params.stop, params.skip_special_tokens
+        )
         self.requests[request_id] = request
         self.scheduler.add(request)
         return request
@@ -114,20 +127,43 @@ class LLMEngine:
         if not out.scheduled:
             return []
         sampling = out.sampling_requests
+        spans = prompt_logprob_spans(out)
         logits = self.runner.execute(out)
-        tokens = self.sampler(logits, sampling).tolist()
-        self.scheduler.update(out, tokens, self.eos_token_ids)
+        sampled = self.sampler(logits[: len(sampling)], sampling)
+        self._record_prompt_logprobs(spans, logits[len(sampling) :])
+        for request, logprob in zip(sampling, sampled.logprobs, strict=True):
+            if logprob is not None:
+                request.logprobs.append(logprob)
+        self.scheduler.update(out, sampled.token_ids, self.eos_token_ids)
         for request in sampling:
             if request.is_finished:
                 del self.requests[request.request_id]
         return [self._output(r) for r in sampling]
 
+    @staticmethod
+    def _record_prompt_logprobs(spans: list[tuple[Request, range]], logits: torch.Tensor) -> None:
+        row = 0
+        for request, span in spans:
+            rows = logits[row : row + len(span)]
+            row += len(span)
+            if len(request.prompt_logprobs) != span.start + 1:
+                continue  # recomputed after a preemption: already recorded
+            targets = request.prompt_token_ids[span.start + 1 : span.stop + 1]
+            target_ids = torch.tensor(targets, device=logits.device)
+            num_top = [request.params.prompt_logprobs or 0] * len(span)
+            request.prompt_logprobs.extend(logprobs_of(rows, target_ids, num_top))
+
     def _output(self, request: Request) -> RequestOutput:
         tokens = request.output_token_ids
-        text = ""
+        detokenizer = request.detokenizer
+        assert detokenizer is not None
         if request.is_finished:
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        completion = CompletionOutput(0, tokens, text, request.finish_reason, request.stop_reason)
+            detokenizer.flush()
+        text = detokenizer.output_text(request.is_finished)
+        logprobs = list(request.logprobs) if request.params.logprobs is not None else None
+        completion = CompletionOutput(
+            0, tokens, text, request.finish_reason, request.stop_reason, logprobs
+        )
         return RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt,
@@ -139,4 +175,7 @@ class LLMEngine:
             first_scheduled_time=request.first_scheduled_time,
             first_token_time=request.first_token_time,
             finished_time=request.finished_time,
+            prompt_logprobs=list(request.prompt_logprobs)
+            if request.params.prompt_logprobs is not None
+            else None,
         )

@@ -6,11 +6,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from kvserve.engine.attention.backend import select_backend
 from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.config import DEFAULT_CPU_KV_CACHE_GB, EngineConfig
+from kvserve.engine.cuda_graphs import DecodeGraphs, capture_sizes, use_cuda_graphs
+from kvserve.engine.device_copy import to_device
+from kvserve.engine.kv_cache_sizing import cuda_kv_cache_blocks
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
+from kvserve.engine.request import Request
 from kvserve.engine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -22,6 +27,19 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # rows whose logits are sampled, one per sampling request
+
+
+def prompt_logprob_spans(out: SchedulerOutput) -> list[tuple[Request, range]]:
+    """For each scheduled request that asks for prompt logprobs, the positions computed
+    this step whose logits score the next prompt token."""
+    spans = []
+    for request, num_new in out.scheduled:
+        if request.params.prompt_logprobs is not None:
+            start = request.num_computed_tokens
+            end = min(start + num_new, request.num_prompt_tokens - 1)
+            if end > start:
+                spans.append((request, range(start, end)))
+    return spans
 
 
 class ModelRunner:
@@ -54,7 +72,7 @@ class ModelRunner:
             self.device,
             progress,
         )
-        self.num_blocks = self._num_blocks()
+        self.num_blocks = self._num_blocks(max_model_len)
         shape = (self.num_blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim)
         self.kv_caches = [
             (
@@ -63,6 +81,11 @@ class ModelRunner:
             )
             for _ in range(model_config.num_layers)
         ]
+        self.forward: Callable[..., torch.Tensor] = self.model
+        if use_cuda_graphs(self.device, self.backend.name, config.enforce_eager):
+            sizes = capture_sizes(config.max_num_seqs)
+            max_blocks = -(-max_model_len // self.block_size)
+            self.forward = DecodeGraphs(self.model, self.kv_caches, sizes, max_blocks, self.device)
 
     @property
     def block_bytes(self) -> int:
@@ -70,13 +93,14 @@ class ModelRunner:
         per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
         return per_token * self.block_size
 
-    def _num_blocks(self) -> int:
+    def _num_blocks(self, max_model_len: int) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
-        budget_gb = self.config.kv_cache_memory_gb or DEFAULT_CPU_KV_CACHE_GB
         if self.config.kv_cache_memory_gb is None and self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget_gb = free * self.config.gpu_memory_utilization / 2**30
+            return cuda_kv_cache_blocks(
+                self.model, self.config, max_model_len, self.block_bytes, self.dtype, self.device
+            )
+        budget_gb = self.config.kv_cache_memory_gb or DEFAULT_CPU_KV_CACHE_GB
         blocks = int(budget_gb * 2**30) // self.block_bytes
         if blocks < 1:
             raise ValueError(f"a KV budget of {budget_gb:.3f} GiB holds no block")
@@ -105,27 +129,33 @@ class ModelRunner:
             for row, (r, n) in enumerate(out.scheduled)
             if r.num_computed_tokens + n == r.num_tokens
         ]
+        logits_rows = [ends[sampled] - 1]
+        first_row = {id(r): end - n for (r, n), end in zip(out.scheduled, ends, strict=True)}
+        for request, span in prompt_logprob_spans(out):
+            offset = first_row[id(request)] - request.num_computed_tokens
+            logits_rows.append(np.arange(span.start, span.stop) + offset)
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev),
-            query_start_loc=torch.from_numpy(np.concatenate([[0], ends]).astype(np.int32)).to(dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.from_numpy(tables).to(dev),
+            slot_mapping=to_device(np.concatenate(slots), dev),
+            query_start_loc=to_device(np.concatenate([[0], ends]), dev, torch.int32),
+            seq_lens=to_device(seq_lens, dev, torch.int32),
+            block_tables=to_device(tables, dev),
             query_lens_host=query_lens,
             seq_lens_host=seq_lens,
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.from_numpy(np.concatenate(positions)).to(dev),
+            input_ids=to_device(ids, dev, torch.long),
+            positions=to_device(np.concatenate(positions), dev),
             meta=meta,
-            logits_indices=torch.from_numpy(ends[sampled] - 1).to(dev),
+            logits_indices=to_device(np.concatenate(logits_rows), dev),
         )
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Run the step; fp32 logits ``[num_sampling_requests, vocab]``."""
+        """Run the step; fp32 logits ``[num_sampling_requests, vocab]``, followed by the
+        rows of ``prompt_logprob_spans(out)`` in order."""
         inputs = self.prepare(out)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         return self.model.logits(hidden[inputs.logits_indices])

@@ -3,6 +3,16 @@
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """One position: the log-probability of its token and the ``top`` alternatives
+    (``(token id, logprob)``, most likely first), from the log-softmax of the raw logits."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class CompletionOutput:
     index: int
@@ -10,6 +20,7 @@ class CompletionOutput:
     text: str
     finish_reason: str | None = None  # None while running, then "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop token id or string that ended it
+    logprobs: list[Logprob] | None = None  # one per token, when asked for
 
 
 @dataclass
@@ -24,4 +35,5 @@ class RequestOutput:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    prompt_logprobs: list[Logprob | None] | None = None  # None for the first prompt token
     extra: dict = field(default_factory=dict)

@@ -4,6 +4,9 @@ import enum
 import time
 
 import torch
+
+from kvserve.engine.detokenizer import Detokenizer
+from kvserve.engine.outputs import Logprob
 from kvserve.engine.sampling_params import SamplingParams
 
 
@@ -46,6 +49,10 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
+        self.detokenizer: Detokenizer | None = None  # set by the engine: text and stop strings
+        self.logprobs: list[Logprob] = []  # one per output token, if params.logprobs is set
+        # One per prompt token if params.prompt_logprobs is set; the first token has none.
+        self.prompt_logprobs: list[Logprob | None] = [None]
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)

@@ -1,40 +1,127 @@
 """Logits of a batch → one next token per row, in a few tensor ops."""
 
+import itertools
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
 import torch
+
+from kvserve.engine.device_copy import to_device
+from kvserve.engine.outputs import Logprob
 from kvserve.engine.request import Request
 from kvserve.engine.sampling_params import SamplingParams
 
 
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]  # one per row
+    logprobs: list[Logprob | None]  # one per row; None where the request did not ask
+
+
+def _flat_index(rows: Sequence[Sequence[int]], device: torch.device):
+    """``(row index, column)`` tensors for ragged per-row lists of columns."""
+    row_ids = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor([len(r) for r in rows]))
+    cols = list(itertools.chain.from_iterable(rows))
+    return to_device(row_ids, device), to_device(cols, device, torch.long)
+
+
+def logprobs_of(
+    logits: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int]
+) -> list[Logprob]:
+    """Log-softmax of ``logits`` rows at ``token_ids``, with ``num_top[row]`` alternatives."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, token_ids[:, None])[:, 0].tolist()
+    k = max(num_top, default=0)
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], token_ids[:, None])
+    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    return [
+        Logprob(token, value, tuple(zip(top_ids[row][:n], top_values[row][:n], strict=True)))
+        for row, (token, value, n) in enumerate(
+            zip(token_ids.tolist(), chosen, num_top, strict=True)
+        )
+    ]
+
+
 class Sampler:
-    """Greedy rows take the argmax; the others apply temperature, then top-k,
-    top-p and min-p as masks, and draw with the exponential race (argmax of
+    """First logit bias, penalties and the ``min_tokens`` ban of EOS and stop ids
+    change the logits (each a scatter or index_put over the batch, run only when a
+    row uses it). Then greedy rows take the argmax; the others apply temperature,
+    top-k, top-p and min-p as masks, and draw with the exponential race (argmax of
     probs / Exp(1) noise). Seeded rows draw their noise from their own
     generator, so a seed fixes the output whatever else is batched. Which
-    filters run is decided from the host-side parameters: no device sync."""
+    filters run is decided from the host-side parameters: no device sync.
+    Log-probabilities come from the raw logits (see ``SamplingParams``)."""
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def __init__(self, eos_token_ids: Collection[int] = ()) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+        tokens = self._sample(self.adjust_logits(logits, requests), requests)
+        wanted = [r.params.logprobs for r in requests]
+        if all(n is None for n in wanted):
+            return SamplerOutput(tokens.tolist(), [None] * len(requests))
+        found = logprobs_of(logits, tokens, [n or 0 for n in wanted])
+        chosen = [lp if n is not None else None for lp, n in zip(found, wanted, strict=True)]
+        return SamplerOutput(tokens.tolist(), chosen)
+
+    def adjust_logits(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        params = [r.params for r in requests]
+        device = logits.device
+        if any(p.logit_bias for p in params):
+            rows, cols = _flat_index([list(p.logit_bias) for p in params], device)
+            bias = [v for p in params for v in p.logit_bias.values()]
+            values = to_device(bias, device, logits.dtype)
+            logits = logits.index_put((rows, cols), values, accumulate=True)
+        if any(p.presence_penalty or p.frequency_penalty for p in params):
+            rows, cols = _flat_index([r.output_token_ids for r in requests], device)
+            counts = torch.zeros_like(logits).index_put_(
+                (rows, cols), torch.ones_like(cols, dtype=logits.dtype), accumulate=True
+            )
+            frequency = to_device([p.frequency_penalty for p in params], device)
+            presence = to_device([p.presence_penalty for p in params], device)
+            logits = logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+        if any(p.repetition_penalty != 1 for p in params):
+            rows, cols = _flat_index([r.all_token_ids for r in requests], device)
+            seen = torch.zeros_like(logits, dtype=torch.bool).index_put_(
+                (rows, cols), torch.ones_like(cols, dtype=torch.bool)
+            )
+            penalty = to_device([p.repetition_penalty for p in params], device)[:, None]
+            penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+            logits = torch.where(seen, penalised, logits)
+        banned = [
+            [*self.eos_token_ids, *r.params.stop_token_ids]
+            if len(r.output_token_ids) < r.params.min_tokens
+            else []
+            for r in requests
+        ]
+        if any(banned):
+            rows, cols = _flat_index(banned, device)
+            logits = logits.index_put((rows, cols), to_device(-torch.inf, device))
+        return logits
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         params = [r.params for r in requests]
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
         device = logits.device
-        temps = torch.tensor([p.temperature or 1.0 for p in params], device=device)
+        temps = to_device([p.temperature or 1.0 for p in params], device)
         logits = self._filter(logits / temps[:, None], params)
         probs = torch.softmax(logits, dim=-1)
         noise = torch.empty_like(probs).exponential_()
         for row, request in enumerate(requests):
             if request.generator is not None:
                 row_noise = torch.empty(probs.shape[1]).exponential_(generator=request.generator)
-                noise[row] = row_noise.to(device)
+                noise[row] = to_device(row_noise, device)
         sampled = (probs / noise).argmax(dim=-1)
-        greedy = torch.tensor([p.greedy for p in params], device=device)
+        greedy = to_device([p.greedy for p in params], device)
         return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
     @staticmethod
     def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         device, vocab = logits.device, logits.shape[1]
         if any(0 < p.top_k < vocab or p.top_p < 1 for p in params):
-            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-            top_p = torch.tensor([p.top_p for p in params], device=device)
+            top_k = to_device([p.top_k if p.top_k > 0 else vocab for p in params], device)
+            top_p = to_device([p.top_p for p in params], device)
             sorted_logits, order = logits.sort(dim=-1, descending=True)
             ranks = torch.arange(vocab, device=device)[None, :]
             drop = ranks >= top_k[:, None]
@@ -42,7 +129,7 @@ class Sampler:
             drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p[:, None]
             logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, -torch.inf))
         if any(p.min_p > 0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], device=device)
+            min_p = to_device([p.min_p for p in params], device)
             probs = logits.softmax(dim=-1)
             threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
             logits = logits.masked_fill(probs < threshold, -torch.inf)

@@ -139,6 +139,12 @@ class Scheduler:
             request.finish("stop", token)
         elif token in eos_token_ids and not params.ignore_eos:
             request.finish("stop", None)
+        elif request.detokenizer is not None and (
+            stop := request.detokenizer.update(
+                [token], check_stop=len(request.output_token_ids) >= params.min_tokens
+            )
+        ):
+            request.finish("stop", stop)
         elif (
             len(request.all_token_ids) - request.num_prompt_tokens == params.max_tokens
             or request.num_tokens >= self.config.max_model_len

@@ -81,3 +81,28 @@ def build_checkpoint(family: str, path: Path, seed: int = 0, **overrides) -> Pat
     model.save_pretrained(path)
     trained_tokenizer().save_pretrained(path)
     return path
+
+
+# Each family with the switches that make it differ: GQA ratios, qkv bias (Qwen2),
+# q/k norm (Qwen3), llama3 RoPE scaling and tied embeddings (llama3 variant).
+FAMILIES = {
+    "llama": ("llama", {}),
+    "llama3-tied": (
+        "llama",
+        dict(
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+        ),
+    ),
+    "mistral": ("mistral", dict(num_key_value_heads=4, sliding_window=None)),
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", dict(head_dim=32)),
+}

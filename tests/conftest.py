@@ -11,33 +11,15 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Tiny models gain nothing from a second thread, and OpenMP's spinning threads slow to a
+# crawl when the cores are shared (tens of times slower, measured): one thread here and in
+# every server process the tests start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
+
 sys.path.insert(0, str(Path(__file__).parent))
 
-from checkpoints import build_checkpoint
-
-# Each family with the switches that make it differ: GQA ratios, qkv bias (Qwen2),
-# q/k norm (Qwen3), llama3 RoPE scaling and tied embeddings (llama3 variant).
-FAMILIES = {
-    "llama": ("llama", {}),
-    "llama3-tied": (
-        "llama",
-        dict(
-            num_key_value_heads=1,
-            tie_word_embeddings=True,
-            rope_parameters=dict(
-                rope_type="llama3",
-                rope_theta=500000.0,
-                factor=8.0,
-                low_freq_factor=1.0,
-                high_freq_factor=4.0,
-                original_max_position_embeddings=64,
-            ),
-        ),
-    ),
-    "mistral": ("mistral", dict(num_key_value_heads=4, sliding_window=None)),
-    "qwen2": ("qwen2", {}),
-    "qwen3": ("qwen3", dict(head_dim=32)),
-}
+from checkpoints import FAMILIES, build_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
 
 from audit import assert_all_released, audit_blocks
-from conftest import FAMILIES
+from checkpoints import FAMILIES
 from reference import assert_greedy_match, hf_greedy
 
 MAX_TOKENS = 24

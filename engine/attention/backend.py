@@ -3,6 +3,7 @@
 from abc import ABC, abstractmethod
 
 import torch
+
 from kvserve.engine.attention.metadata import AttentionMetadata
 
 

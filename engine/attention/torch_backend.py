@@ -4,6 +4,7 @@ from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
+
 from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.attention.metadata import AttentionMetadata
 

@@ -7,11 +7,12 @@ tied embeddings. q/k/v and gate/up projections are fused into one matmul each.
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.models.rope import RotaryEmbedding
-from torch import nn
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 

@@ -7,10 +7,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+
 from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
-from safetensors import safe_open
 
 log = logging.getLogger(__name__)
 

@@ -3,6 +3,7 @@
 import math
 
 import torch
+
 from kvserve.engine.models.model_config import RopeConfig
 
 

@@ -1,0 +1,216 @@
+"""The engine for an event loop: ``async for out in llm.generate(...)``, ``llm.abort(id)``.
+
+One thread owns the ``LLMEngine`` and runs ``step()`` in a loop; nothing else touches
+it. The event loop hands requests and aborts over through a thread-safe queue, and the
+thread hands each request's outputs back to that request's ``asyncio.Queue`` with
+``call_soon_threadsafe``. So an HTTP handler never waits on a model step, and a step
+never waits on HTTP. With no unfinished request the thread sleeps on an event.
+"""
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.outputs import RequestOutput
+from kvserve.engine.sampling_params import SamplingParams
+
+
+class StepObserver(Protocol):
+    """Told about every step (from the engine thread) and every abort."""
+
+    def on_step(self, stats, outputs: list[RequestOutput]) -> None: ...
+
+    def on_abort(self, request_id: str) -> None: ...
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop stopped on an exception; no request can make progress."""
+
+
+class _Add:
+    def __init__(self, request_id, prompt, params, arrival_time, stream, accepted) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.params = params
+        self.arrival_time = arrival_time
+        self.stream: asyncio.Queue = stream
+        self.accepted: asyncio.Future = accepted
+
+
+class AsyncLLM:
+    def __init__(self, engine: LLMEngine, observer: StepObserver | None = None) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self._observer = observer
+        self._commands: queue.SimpleQueue[_Add | str | None] = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._streams: dict[str, asyncio.Queue] = {}  # engine thread only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.last_progress = time.monotonic()  # heartbeat: last step, or last idle wake-up
+        self.num_unfinished = 0  # requests added and not yet finished or aborted
+        self.stats = engine.stats
+        self._num_pending = 0  # adds handed over, not yet taken by the engine (event loop only)
+
+    def start(self) -> None:
+        """Start the step thread; call from the event loop that will consume outputs."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        if self._thread is not None:
+            self._commands.put(None)
+            self._wakeup.set()
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not running yet: waiting in the engine or still being handed over."""
+        return self._num_pending + self.stats.num_waiting
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Queue a request; raises ``ValueError`` if the engine refuses it, else its outputs.
+
+        Leaving the returned iterator before the request finished aborts the request.
+        """
+        if self.error is not None:
+            raise EngineDeadError(str(self.error))
+        assert self._loop is not None, "start() first"
+        stream: asyncio.Queue = asyncio.Queue()
+        accepted = self._loop.create_future()
+        self._send(_Add(request_id, prompt, params, arrival_time, stream, accepted))
+        self._num_pending += 1
+        try:
+            await accepted
+        except asyncio.CancelledError:
+            self.abort(request_id)
+            raise
+        finally:
+            self._num_pending -= 1
+        return self._outputs(request_id, stream)
+
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        async for output in await self.add_request(request_id, prompt, params):
+            yield output
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request: its blocks are freed before the next step."""
+        self._send(request_id)
+
+    async def _outputs(self, request_id: str, stream: asyncio.Queue) -> AsyncIterator:
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(str(item)) from item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def _send(self, command: "_Add | str") -> None:
+        self._commands.put(command)
+        self._wakeup.set()
+
+    def _deliver(self, stream: asyncio.Queue, item) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(stream.put_nowait, item)
+
+    def _resolve(self, future: asyncio.Future, error: BaseException | None) -> None:
+        def settle() -> None:
+            if future.done():
+                return
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(settle)
+
+    def _apply_commands(self) -> bool:
+        """Apply queued adds and aborts; False once shutdown was asked for."""
+        changed = False
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if command is None:
+                return False
+            changed = True
+            if isinstance(command, str):
+                if self._streams.pop(command, None) is not None:
+                    self.engine.abort_request(command)
+                    self.num_unfinished -= 1
+                    if self._observer is not None:
+                        self._observer.on_abort(command)
+                continue
+            try:
+                self.engine.add_request(
+                    command.request_id, command.prompt, command.params, command.arrival_time
+                )
+            except ValueError as exc:
+                self._resolve(command.accepted, exc)
+                continue
+            self._streams[command.request_id] = command.stream
+            self.num_unfinished += 1
+            self._resolve(command.accepted, None)
+        if changed:
+            self._observe([])
+        return True
+
+    def _observe(self, outputs: list[RequestOutput]) -> None:
+        self.stats = self.engine.stats
+        if self._observer is not None:
+            self._observer.on_step(self.stats, outputs)
+
+    def _run(self) -> None:
+        try:
+            while self._apply_commands():
+                self.last_progress = time.monotonic()
+                if not self.engine.has_unfinished_requests():
+                    self._wakeup.wait()
+                    self._wakeup.clear()
+                    continue
+                outputs = self.engine.step()
+                self._observe(outputs)
+                for output in outputs:
+                    stream = self._streams.get(output.request_id)
+                    if stream is None:
+                        continue
+                    self._deliver(stream, output)
+                    if output.finished:
+                        del self._streams[output.request_id]
+                        self.num_unfinished -= 1
+        except BaseException as exc:
+            self.error = exc
+            for stream in self._streams.values():
+                self._deliver(stream, exc)
+            while not self._commands.empty():
+                command = self._commands.get_nowait()
+                if isinstance(command, _Add):
+                    self._resolve(command.accepted, EngineDeadError(str(exc)))
+            raise

@@ -1,0 +1,129 @@
+"""Paged attention through the Triton kernels: the CUDA path (and the interpreter's on CPU)."""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kvserve.engine.attention.backend import AttentionBackend
+from kvserve.engine.attention.metadata import AttentionMetadata
+from kvserve.engine.attention.triton_kernels import paged_attention_kernel, store_kv_kernel
+
+MIN_DOT = 16  # tl.dot needs every dimension >= 16 on a GPU
+PREFILL_BLOCK_M = 64
+BLOCK_N = 64
+
+
+@dataclass(frozen=True)
+class AttentionLaunch:
+    """Tile shapes and grid of one ``paged_attention_kernel`` launch; every tile size is a
+    power of two and each ``tl.dot`` dimension (``block_m``, ``block_n``, ``head_pad``) is
+    at least 16."""
+
+    group: int
+    group_pad: int
+    head_pad: int
+    block_q: int
+    block_n: int
+    num_warps: int
+    grid: tuple[int, int, int]
+
+    @property
+    def block_m(self) -> int:
+        return self.block_q * self.group_pad
+
+
+def attention_launch(
+    num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int, max_query_len: int
+) -> AttentionLaunch:
+    """Decode-only batches (``max_query_len == 1``) get the smallest row tile, 16 rows,
+    filled with the GQA group; batches with prefill chunks get 64 rows, several tokens each.
+    Depends on host integers only, so a decode launch has a fixed grid for a CUDA graph."""
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    block_m = max(MIN_DOT if max_query_len == 1 else PREFILL_BLOCK_M, group_pad)
+    block_q = block_m // group_pad
+    head_pad = max(MIN_DOT, triton.next_power_of_2(head_dim))
+    num_warps = 8 if block_m * head_pad > 64 * 64 else 4
+    grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
+    return AttentionLaunch(group, group_pad, head_pad, block_q, BLOCK_N, num_warps, grid)
+
+
+class TritonAttention(AttentionBackend):
+    """One store kernel launch and one attention kernel launch per layer, whatever the mix
+    of prefill chunks and decode tokens; no host-device synchronisation."""
+
+    name = "triton"
+
+    def store_kv(self, key, value, key_cache, value_cache, slot_mapping):
+        num_tokens, num_kv_heads, head_dim = key.shape
+        _check_caches(key_cache, value_cache)
+        if key.stride(-1) != 1 or value.stride(-1) != 1:
+            raise ValueError("key and value need a unit stride on the head dimension")
+        store_kv_kernel[(num_tokens,)](
+            key,
+            value,
+            key_cache,
+            value_cache,
+            slot_mapping,
+            key.stride(0),
+            key.stride(1),
+            value.stride(0),
+            value.stride(1),
+            key_cache.stride(0),
+            key_cache.stride(1),
+            key_cache.stride(2),
+            BLOCK_SIZE=key_cache.shape[1],
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+            HEAD_PAD=triton.next_power_of_2(head_dim),
+        )
+
+    def attend(self, query, key_cache, value_cache, meta: AttentionMetadata, scale):
+        num_heads, head_dim = query.shape[1:]
+        _check_caches(key_cache, value_cache)
+        if query.stride(-1) != 1 or meta.block_tables.stride(-1) != 1:
+            raise ValueError("query and block tables need a unit stride on their last dimension")
+        launch = attention_launch(
+            meta.num_seqs, num_heads, key_cache.shape[2], head_dim, meta.max_query_len
+        )
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        paged_attention_kernel[launch.grid](
+            out,
+            query,
+            key_cache,
+            value_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            scale,
+            query.stride(0),
+            query.stride(1),
+            out.stride(0),
+            out.stride(1),
+            key_cache.stride(0),
+            key_cache.stride(1),
+            key_cache.stride(2),
+            meta.block_tables.stride(0),
+            BLOCK_SIZE=key_cache.shape[1],
+            GROUP=launch.group,
+            GROUP_PAD=launch.group_pad,
+            HEAD_DIM=head_dim,
+            HEAD_PAD=launch.head_pad,
+            BLOCK_Q=launch.block_q,
+            BLOCK_N=launch.block_n,
+            DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            num_warps=launch.num_warps,
+        )
+        return out
+
+
+def _check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    """The kernels address both caches with the key cache's strides."""
+    if key_cache.shape != value_cache.shape or key_cache.stride() != value_cache.stride():
+        raise ValueError("key and value caches must share shape and strides")
+    if key_cache.stride(-1) != 1:
+        raise ValueError("KV caches need a unit stride on the head dimension")

@@ -1,0 +1,157 @@
+"""Triton kernels over the paged KV cache: storing new keys/values and flat-batch attention.
+
+Caches are ``[num_blocks, block_size, num_kv_heads, head_dim]`` with a unit stride on the
+last dimension. Every load is upcast to fp32 at once and all arithmetic (dots included)
+runs in fp32: bf16/fp16 activations get fp32 accumulation, and the kernels stay correct
+under Triton's interpreter, whose bf16 arithmetic is broken.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def store_kv_kernel(
+    key_ptr,
+    value_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    slot_mapping_ptr,
+    key_stride_token,
+    key_stride_head,
+    value_stride_token,
+    value_stride_head,
+    cache_stride_block,
+    cache_stride_slot,
+    cache_stride_head,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+):
+    """One program per token: copies its ``[num_kv_heads, head_dim]`` key and value rows
+    to cache slot ``slot_mapping[token]``. A negative slot (a padding token) is skipped."""
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    heads = tl.arange(0, HEADS_PAD)[:, None]
+    dims = tl.arange(0, HEAD_PAD)[None, :]
+    mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
+    cache_offsets = (
+        (slot // BLOCK_SIZE) * cache_stride_block
+        + (slot % BLOCK_SIZE) * cache_stride_slot
+        + heads * cache_stride_head
+        + dims
+    )
+    row = token.to(tl.int64)
+    key = tl.load(key_ptr + row * key_stride_token + heads * key_stride_head + dims, mask=mask)
+    value = tl.load(
+        value_ptr + row * value_stride_token + heads * value_stride_head + dims, mask=mask
+    )
+    tl.store(key_cache_ptr + cache_offsets, key, mask=mask)
+    tl.store(value_cache_ptr + cache_offsets, value, mask=mask)
+
+
+@triton.jit
+def paged_attention_kernel(
+    out_ptr,
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    scale,
+    query_stride_token,
+    query_stride_head,
+    out_stride_token,
+    out_stride_head,
+    cache_stride_block,
+    cache_stride_slot,
+    cache_stride_head,
+    block_tables_stride,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Program ``(seq, kv_head, q_tile)`` attends ``BLOCK_Q`` query tokens of sequence
+    ``seq``, for all ``GROUP`` query heads sharing ``kv_head``, over the sequence's cache.
+
+    The tile's rows are (token, head-in-group) pairs, ``BLOCK_M = BLOCK_Q * GROUP_PAD`` of
+    them, so one K/V tile load serves the whole GQA group. Query row ``j`` of a sequence
+    sits at position ``seq_len - query_len + j`` and sees keys at positions ``<=`` its own;
+    the loop over keys stops at the tile's last position. Softmax is online, in base 2.
+    """
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    q_tile = tl.program_id(2)
+    query_start = tl.load(query_start_loc_ptr + seq)
+    query_len = tl.load(query_start_loc_ptr + seq + 1) - query_start
+    if q_tile * BLOCK_Q >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - query_len
+
+    rows = tl.arange(0, BLOCK_M)
+    q_index = q_tile * BLOCK_Q + rows // GROUP_PAD
+    head = kv_head * GROUP + rows % GROUP_PAD
+    row_valid = (q_index < query_len) & (rows % GROUP_PAD < GROUP)
+    positions = context_len + q_index
+    dims = tl.arange(0, HEAD_PAD)
+    dim_valid = dims < HEAD_DIM
+    tokens = (query_start + q_index).to(tl.int64)
+
+    q_mask = row_valid[:, None] & dim_valid[None, :]
+    q_offsets = tokens[:, None] * query_stride_token + head[:, None] * query_stride_head
+    q = tl.load(query_ptr + q_offsets + dims[None, :], mask=q_mask, other=0.0).to(tl.float32)
+
+    qk_scale = scale * 1.4426950408889634  # log2(e)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
+    block_table = block_tables_ptr + seq.to(tl.int64) * block_tables_stride
+    kv_end = tl.minimum(seq_len, context_len + (q_tile + 1) * BLOCK_Q)
+    for start in range(0, kv_end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_valid = cols < kv_end
+        blocks = tl.load(block_table + cols // BLOCK_SIZE, mask=col_valid, other=0).to(tl.int64)
+        kv_offsets = (
+            blocks * cache_stride_block
+            + (cols % BLOCK_SIZE) * cache_stride_slot
+            + kv_head * cache_stride_head
+        )
+        k = tl.load(
+            key_cache_ptr + kv_offsets[None, :] + dims[:, None],
+            mask=dim_valid[:, None] & col_valid[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        visible = (cols[None, :] <= positions[:, None]) & col_valid[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            value_cache_ptr + kv_offsets[:, None] + dims[None, :],
+            mask=col_valid[:, None] & dim_valid[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    acc = acc / tl.where(row_valid, l_i, 1.0)[:, None]
+    out_offsets = tokens[:, None] * out_stride_token + head[:, None] * out_stride_head
+    tl.store(
+        out_ptr + out_offsets + dims[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=q_mask,
+    )

@@ -1,0 +1,124 @@
+"""Decode steps replayed from CUDA graphs, one graph per padded batch size.
+
+A graph replays fixed kernels on fixed addresses, so a decode batch of ``n`` sequences is
+copied into static input tensors sized for the next capture size ``>= n``; the padding
+rows have slot ``-1`` (the Triton store kernel writes nothing for them) and a one-token
+context, and their outputs are dropped. Only the Triton attention path can be captured:
+the torch path reads host-side lengths that a graph would freeze.
+"""
+
+import bisect
+
+import torch
+
+from kvserve.engine.attention.metadata import AttentionMetadata
+from kvserve.engine.models.decoder import DecoderLM, KVCache
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, then every multiple of 8 below ``max_num_seqs``, then ``max_num_seqs``."""
+    small = [size for size in (1, 2, 4) if size < max_num_seqs]
+    return [*small, *range(8, max_num_seqs, 8), max_num_seqs]
+
+
+def padded_size(num_seqs: int, sizes: list[int]) -> int | None:
+    """The smallest of ``sizes`` (ascending) that holds ``num_seqs``; None if none does."""
+    index = bisect.bisect_left(sizes, num_seqs)
+    return sizes[index] if index < len(sizes) else None
+
+
+def use_cuda_graphs(device: torch.device, backend_name: str, enforce_eager: bool) -> bool:
+    return device.type == "cuda" and backend_name == "triton" and not enforce_eager
+
+
+class StaticDecodeBatch:
+    """Input tensors of fixed address for decode batches of up to ``max_size`` sequences,
+    each with a block table of ``max_blocks_per_seq`` entries."""
+
+    def __init__(self, max_size: int, max_blocks_per_seq: int, device: torch.device) -> None:
+        self.input_ids = torch.zeros(max_size, dtype=torch.long, device=device)
+        self.positions = torch.zeros(max_size, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((max_size,), -1, dtype=torch.long, device=device)
+        self.query_start_loc = torch.arange(max_size + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.ones(max_size, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(
+            max_size, max_blocks_per_seq, dtype=torch.int32, device=device
+        )
+
+    def meta(self, size: int) -> AttentionMetadata:
+        """The first ``size`` rows as a decode batch (host lengths are placeholders: the
+        Triton path reads only the device tensors, ``num_seqs`` and ``max_query_len``)."""
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            block_tables=self.block_tables[:size],
+            query_lens_host=[1] * size,
+            seq_lens_host=[1] * size,
+            max_query_len=1,
+            max_seq_len=1,
+        )
+
+    def fill(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, size: int
+    ) -> None:
+        """Copy a decode batch of ``meta.num_seqs <= size`` sequences into the first rows
+        and make rows up to ``size`` padding. Block-table columns past the batch's own
+        width keep stale ids: they lie past every context and are never read."""
+        n = meta.num_seqs
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(meta.slot_mapping)
+        self.slot_mapping[n:size].fill_(-1)
+        self.seq_lens[:n].copy_(meta.seq_lens)
+        self.seq_lens[n:size].fill_(1)
+        self.block_tables[:n, : meta.block_tables.shape[1]].copy_(meta.block_tables)
+
+
+class DecodeGraphs:
+    """Called like the model. Decode-only batches of up to ``sizes[-1]`` sequences replay
+    a captured graph; any other batch runs the model eagerly."""
+
+    @torch.inference_mode()
+    def __init__(
+        self,
+        model: DecoderLM,
+        kv_caches: list[KVCache],
+        sizes: list[int],
+        max_blocks_per_seq: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.sizes = sizes
+        self.static = StaticDecodeBatch(sizes[-1], max_blocks_per_seq, device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        pool = None
+        for size in reversed(sizes):  # the largest first: the others reuse its memory pool
+            self._run(size)  # warm-up: compiles the Triton kernels, sets up cuBLAS
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[size] = self._run(size)
+            pool = graph.pool()
+            self.graphs[size] = graph
+        torch.cuda.synchronize(device)
+
+    def _run(self, size: int) -> torch.Tensor:
+        s = self.static
+        return self.model(s.input_ids[:size], s.positions[:size], self.kv_caches, s.meta(size))
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        size = padded_size(meta.num_seqs, self.sizes) if meta.max_query_len == 1 else None
+        fits = meta.block_tables.shape[1] <= self.static.block_tables.shape[1]
+        if size is None or not fits or kv_caches is not self.kv_caches:
+            return self.model(input_ids, positions, kv_caches, meta)
+        self.static.fill(input_ids, positions, meta, size)
+        self.graphs[size].replay()
+        return self.outputs[size][: meta.num_seqs]

@@ -1,0 +1,139 @@
+"""How many KV blocks fit on a CUDA device next to the weights and a full-size step.
+
+As in vLLM, ``gpu_memory_utilization`` is the share of the device's whole memory the
+engine may use: the weights, the peak activations of the largest step (measured by
+running one on a one-block cache) and memory held outside torch (CUDA context, other
+processes) come off it first, and the rest becomes KV blocks.
+"""
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kvserve.engine.attention.metadata import AttentionMetadata
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.models.decoder import DecoderLM
+
+log = logging.getLogger(__name__)
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """Device memory once the weights are loaded and the profiling step has run."""
+
+    total_bytes: int
+    peak_torch_bytes: int  # the torch allocator's peak: weights and the step's activations
+    non_torch_bytes: int  # in use outside torch's pool: CUDA context, other processes
+
+
+def kv_cache_blocks(profile: MemoryProfile, utilization: float, block_bytes: int) -> int:
+    """Blocks of ``block_bytes`` in ``utilization`` of the device, less what is in use."""
+    budget = int(profile.total_bytes * utilization)
+    free = budget - profile.peak_torch_bytes - profile.non_torch_bytes
+    blocks = max(free, 0) // block_bytes
+    log.info(
+        "KV cache: %d blocks (%.2f GiB) = %.2f GiB (%.2f of %.2f GiB) - %.2f GiB weights and "
+        "activations - %.2f GiB outside torch",
+        blocks,
+        blocks * block_bytes / GIB,
+        budget / GIB,
+        utilization,
+        profile.total_bytes / GIB,
+        profile.peak_torch_bytes / GIB,
+        profile.non_torch_bytes / GIB,
+    )
+    if blocks < 1:
+        raise ValueError(
+            f"gpu_memory_utilization {utilization} leaves no room for a KV block: "
+            f"{budget / GIB:.2f} GiB allowed, {profile.peak_torch_bytes / GIB:.2f} GiB for the "
+            f"weights and activations, {profile.non_torch_bytes / GIB:.2f} GiB outside torch; "
+            "raise it or lower max_num_batched_tokens"
+        )
+    return blocks
+
+
+def profile_query_lens(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int):
+    """The largest step the scheduler can make, as fresh prompts: the whole token budget
+    over as many sequences as may run (the most logits rows), none past the context."""
+    tokens = min(max_num_batched_tokens, max_num_seqs * max_model_len)
+    num_seqs = min(max_num_seqs, tokens)
+    base, extra = divmod(tokens, num_seqs)
+    return [base + 1] * extra + [base] * (num_seqs - extra)
+
+
+def profile_step(
+    model: DecoderLM,
+    query_lens: list[int],
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """Run ``query_lens`` fresh prompts through ``model`` on a one-block KV cache (every
+    token's slot wraps around in it; the outputs are meaningless, their memory is real)
+    and return the logits of each sequence's last token."""
+    cfg = model.config
+    num_tokens = sum(query_lens)
+    shape = (1, block_size, cfg.num_kv_heads, cfg.head_dim)
+    kv_caches = [
+        (
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
+        for _ in range(cfg.num_layers)
+    ]
+    lens = torch.tensor(query_lens, dtype=torch.int32)
+    ends = lens.cumsum(0)
+    starts = ends - lens
+    positions = torch.arange(num_tokens) - torch.repeat_interleave(starts, lens)
+    max_len = max(query_lens)
+    meta = AttentionMetadata(
+        slot_mapping=(torch.arange(num_tokens) % block_size).to(device),
+        query_start_loc=torch.cat([starts[:1], ends]).to(torch.int32).to(device),
+        seq_lens=lens.to(device),
+        block_tables=torch.zeros(len(query_lens), -(-max_len // block_size), dtype=torch.int32).to(
+            device
+        ),
+        query_lens_host=list(query_lens),
+        seq_lens_host=list(query_lens),
+        max_query_len=max_len,
+        max_seq_len=max_len,
+    )
+    input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+    hidden = model(input_ids, positions.to(device), kv_caches, meta)
+    return model.logits(hidden[(ends - 1).to(device)])
+
+
+def measure_cuda_memory(device: torch.device, run: Callable[[], object]) -> MemoryProfile:
+    """Profile ``run()`` (a step on the loaded model) on a CUDA device."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    run()
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    profile = MemoryProfile(
+        total_bytes=total,
+        peak_torch_bytes=torch.cuda.max_memory_allocated(device),
+        non_torch_bytes=total - free - torch.cuda.memory_reserved(device),
+    )
+    torch.cuda.empty_cache()
+    return profile
+
+
+@torch.inference_mode()
+def cuda_kv_cache_blocks(
+    model: DecoderLM,
+    config: EngineConfig,
+    max_model_len: int,
+    block_bytes: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> int:
+    """Profile the largest step of ``config`` on the loaded ``model`` and size the cache."""
+    lens = profile_query_lens(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
+    profile = measure_cuda_memory(
+        device, lambda: profile_step(model, lens, config.block_size, dtype, device)
+    )
+    return kv_cache_blocks(profile, config.gpu_memory_utilization, block_bytes)

@@ -1,0 +1,89 @@
+"""``kvserve serve``: flags named as vLLM names them, each also read from ``KVSERVE_<FLAG>``.
+
+A flag on the command line beats its environment variable, which beats the default.
+"""
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_MODEL = Path(__file__).parent / "default_model"
+ENV_PREFIX = "KVSERVE_"
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def _env_name(dest: str) -> str:
+    return ENV_PREFIX + dest.upper()
+
+
+def _env_bool(name: str, text: str) -> bool:
+    if text.lower() in _TRUE | _FALSE:
+        return text.lower() in _TRUE
+    raise SystemExit(f"kvserve: {name} must be true or false, not {text!r}")
+
+
+def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    add = parser.add_argument
+    add("--model", default=None, help="checkpoint directory (default: the embedded demo model)")
+    add("--served-model-name", default=None, help="name clients use (default: --model)")
+    add("--host", default="0.0.0.0")
+    add("--port", type=int, default=8000)
+    add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
+    add("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    add("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    add("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
+    add("--max-model-len", type=int, default=None)
+    add("--max-num-seqs", type=int, default=64)
+    add("--max-num-batched-tokens", type=int, default=2048)
+    add("--block-size", type=int, default=16)
+    add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    add("--kv-cache-memory-gb", type=float, default=None, help="KV-cache budget in GiB")
+    add("--num-kv-blocks", type=int, default=None, help="exact number of KV blocks")
+    add("--gpu-memory-utilization", type=float, default=0.9)
+    add(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="no CUDA graphs",
+    )
+    add("--tensor-parallel-size", type=int, default=1)
+    add("--seed", type=int, default=0)
+    add("--max-waiting-requests", type=int, default=None, help="queue limit; beyond it, 503")
+    add("--shutdown-timeout", type=float, default=30.0, help="drain limit after SIGTERM (s)")
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        env = _env_name(action.dest)
+        action.help = f"{action.help + '; ' if action.help else ''}env {env}"
+        text = os.environ.get(env)
+        if text is None:
+            continue
+        if isinstance(action, argparse.BooleanOptionalAction):
+            action.default = _env_bool(env, text)
+        elif action.choices is not None and text not in action.choices:
+            raise SystemExit(f"kvserve: {env} must be one of {', '.join(action.choices)}")
+        else:
+            action.default = text  # argparse converts a string default with the flag's type
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvserve", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser(commands.add_parser("serve", help="serve a model over the OpenAI API"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from kvserve.server.serve import serve
+
+        return serve(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

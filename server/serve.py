@@ -1,0 +1,120 @@
+"""The server process: load the engine, serve HTTP, drain on SIGTERM, exit 0."""
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from kvserve.engine.async_llm import AsyncLLM
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.server.app import build_app
+from kvserve.server.cli import DEFAULT_MODEL
+from kvserve.server.drain import DrainState
+from kvserve.server.metrics import ServerMetrics
+from kvserve.server.serving import ServerState
+
+log = logging.getLogger("kvserve.server")
+DEFAULT_MODEL_NAME = "kvserve-demo"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class LoadProgress:
+    """Weight-loading progress: a bar on a terminal, log lines otherwise."""
+
+    def __init__(self, stream=sys.stderr) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.tty:
+            filled = 30 * done // max(total, 1)
+            bar = "#" * filled + "." * (30 - filled)
+            end = "\n" if done >= total else ""
+            self.stream.write(f"\rloading weights [{bar}] {done}/{total}{end}")
+            self.stream.flush()
+        else:
+            log.info("loading weights: %d/%d files", done, total)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=str(args.model or DEFAULT_MODEL),
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_gb=args.kv_cache_memory_gb,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        enable_prefix_caching=args.enable_prefix_caching,
+        attention_backend=args.attention_backend,
+        tensor_parallel_size=args.tensor_parallel_size,
+        seed=args.seed,
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    try:
+        config = engine_config(args)
+        engine = LLMEngine(config, LoadProgress())
+    except (ValueError, OSError) as exc:
+        log.error("cannot load the model: %s", exc)
+        return 2
+    runner = engine.runner
+    blocks_per_request = engine.kv.blocks_needed(engine.max_model_len)
+    log.info(
+        "model %s: dtype %s on %s; %d KV blocks of %d tokens hold %d requests at the full "
+        "context of %d tokens",
+        config.model,
+        str(runner.dtype).removeprefix("torch."),
+        runner.device,
+        runner.num_blocks,
+        config.block_size,
+        runner.num_blocks // blocks_per_request,
+        engine.max_model_len,
+    )
+    name = args.served_model_name or (args.model if args.model else DEFAULT_MODEL_NAME)
+    return asyncio.run(_serve(args, engine, name))
+
+
+async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
+    metrics = ServerMetrics(name)
+    llm = AsyncLLM(engine, metrics)
+    llm.start()
+    drain = DrainState()
+    state = ServerState(
+        llm=llm,
+        model_name=name,
+        model_path=engine.config.model,
+        metrics=metrics,
+        drain=drain,
+        api_key=args.api_key,
+        max_waiting_requests=args.max_waiting_requests,
+    )
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    drain.loaded = True
+    log.info("serving %s on http://%s:%d", name, args.host, args.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    drain.start_draining()
+    metrics.draining.set(1)
+    log.info("draining %d requests (at most %.0f s)", drain.in_flight, args.shutdown_timeout)
+    if not await drain.wait_idle(args.shutdown_timeout):
+        log.warning("drain timeout: %d requests still in flight are cut", drain.in_flight)
+    await runner.cleanup()
+    llm.shutdown()
+    log.info("stopped")
+    return 0

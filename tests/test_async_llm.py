@@ -1,0 +1,101 @@
+"""The async engine: streams per request, aborts that free blocks, an idle loop that sleeps."""
+
+import asyncio
+import time
+
+import pytest
+
+from kvserve.engine.async_llm import AsyncLLM
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint):
+    return LLMEngine(EngineConfig(model=str(checkpoint("llama")), num_kv_blocks=64))
+
+
+def _run(engine: LLMEngine, body):
+    async def main():
+        llm = AsyncLLM(engine)
+        llm.start()
+        try:
+            return await body(llm)
+        finally:
+            llm.shutdown()
+
+    return asyncio.run(main())
+
+
+def test_generate_streams_one_output_per_token_and_matches_step_by_step(engine):
+    async def body(llm: AsyncLLM):
+        return [out async for out in llm.generate("def f(x):", GREEDY, "a")]
+
+    outputs = _run(engine, body)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == list(range(1, 13))
+    assert [o.finished for o in outputs] == [False] * 11 + [True]
+    engine.add_request("b", "def f(x):", GREEDY)
+    while engine.has_unfinished_requests():
+        final = engine.step()[0]
+    assert outputs[-1].outputs[0].token_ids == final.outputs[0].token_ids
+    assert outputs[-1].outputs[0].text == final.outputs[0].text
+
+
+def test_leaving_a_stream_aborts_the_request_and_frees_its_blocks(engine):
+    async def body(llm: AsyncLLM):
+        long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+        stream = await llm.add_request("c", "import os", long)
+        async for out in stream:
+            if len(out.outputs[0].token_ids) == 3:
+                break
+        await stream.aclose()
+        for _ in range(100):
+            if llm.num_unfinished == 0 and not engine.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.01)
+        return llm.num_unfinished, engine.stats.num_running, engine.kv.usage
+
+    assert _run(engine, body) == (0, 0, 0.0)
+
+
+def test_a_refused_request_raises_at_once(engine):
+    async def body(llm: AsyncLLM):
+        with pytest.raises(ValueError, match="leaves no room"):
+            await llm.add_request("d", [5] * 600, GREEDY)
+        return llm.num_unfinished
+
+    assert _run(engine, body) == 0
+
+
+def test_the_loop_sleeps_when_idle(engine, monkeypatch):
+    calls = []
+    original = engine.has_unfinished_requests
+    monkeypatch.setattr(
+        engine, "has_unfinished_requests", lambda: calls.append(time.monotonic()) or original()
+    )
+
+    async def body(llm: AsyncLLM):
+        async for _ in llm.generate("x", GREEDY, "e"):
+            pass
+        await asyncio.sleep(0.05)
+        before = len(calls)
+        await asyncio.sleep(0.3)
+        return before, len(calls), llm.is_alive
+
+    before, after, alive = _run(engine, body)
+    assert after == before
+    assert alive
+
+
+def test_concurrent_requests_each_get_their_own_stream(engine):
+    async def body(llm: AsyncLLM):
+        async def collect(request_id: str, prompt: str):
+            return [o.request_id async for o in llm.generate(prompt, GREEDY, request_id)]
+
+        return await asyncio.gather(*[collect(f"r{i}", "ab" * (i + 1)) for i in range(5)])
+
+    for i, ids in enumerate(_run(engine, body)):
+        assert ids == [f"r{i}"] * 12

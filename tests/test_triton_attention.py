@@ -1,0 +1,326 @@
+"""The Triton kernels against the torch path, on fresh random inputs each run.
+
+On a machine without CUDA the kernels run in Triton's interpreter (tests/conftest.py turns
+it on before anything imports them); on a CUDA machine the same tests run them compiled.
+A failing case prints its seed; ``KVSERVE_TEST_SEED=<seed>`` replays it.
+"""
+
+import itertools
+import os
+import secrets
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kvserve import SamplingParams
+from kvserve.engine.attention.backend import select_backend
+from kvserve.engine.attention.metadata import AttentionMetadata
+from kvserve.engine.attention.torch_backend import TorchAttention
+from kvserve.engine.attention.triton_backend import (
+    TritonAttention,
+    attention_launch,
+)
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.llm_engine import LLMEngine
+
+from reference import assert_greedy_match, hf_greedy
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+POISON = 1e4  # what the padding entries of the block tables point at
+
+
+@pytest.fixture
+def seed() -> int:
+    seed = int(os.environ.get("KVSERVE_TEST_SEED", secrets.randbits(32)))
+    print(f"seed {seed}: replay with KVSERVE_TEST_SEED={seed}")
+    torch.manual_seed(seed)
+    return seed
+
+
+@dataclass
+class Batch:
+    """A flat step batch over a random paged cache whose new tokens are not stored yet."""
+
+    meta: AttentionMetadata
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+
+
+def make_batch(
+    query_lens: list[int],
+    seq_lens: list[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    block_size: int = 16,
+    shared: dict[int, tuple[int, int]] | None = None,
+) -> Batch:
+    """Blocks are drawn in random order from a pool with spares, so block tables are not
+    contiguous; ``shared[i] = (j, n)`` gives sequence ``i`` the first ``n`` blocks of
+    sequence ``j`` (both must hold them in their cached prefix, as prefix caching does).
+    Table padding points at a block of huge values that no sequence owns."""
+    shared = shared or {}
+    blocks_needed = [-(-s // block_size) for s in seq_lens]
+    max_blocks = max(blocks_needed) + 1
+    num_blocks = sum(blocks_needed) + 4
+    free = torch.randperm(num_blocks - 1).tolist()
+    poison_block = num_blocks - 1
+    tables = torch.full((len(seq_lens), max_blocks), poison_block, dtype=torch.int32)
+    for i, needed in enumerate(blocks_needed):
+        donor, num_shared = shared.get(i, (i, 0))
+        for j in (i, donor):
+            assert num_shared * block_size <= seq_lens[j] - query_lens[j], "shared block written"
+        tables[i, :num_shared] = tables[donor, :num_shared]
+        for b in range(num_shared, needed):
+            tables[i, b] = free.pop()
+    slots = [
+        int(tables[i, p // block_size]) * block_size + p % block_size
+        for i, (q, s) in enumerate(zip(query_lens, seq_lens, strict=True))
+        for p in range(s - q, s)
+    ]
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=tables.to(DEVICE),
+        query_lens_host=list(query_lens),
+        seq_lens_host=list(seq_lens),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+    )
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache, value_cache = (torch.randn(cache_shape).to(DEVICE, dtype) for _ in range(2))
+    key_cache[poison_block] = POISON
+    value_cache[poison_block] = POISON
+    num_tokens = starts[-1]
+    return Batch(
+        meta=meta,
+        query=torch.randn(num_tokens, num_heads, head_dim).to(DEVICE, dtype),
+        key=torch.randn(num_tokens, num_kv_heads, head_dim).to(DEVICE, dtype),
+        value=torch.randn(num_tokens, num_kv_heads, head_dim).to(DEVICE, dtype),
+        key_cache=key_cache,
+        value_cache=value_cache,
+    )
+
+
+def check_attention(batch: Batch, seed: int) -> None:
+    """Stores the new tokens through the torch path, then compares the Triton attention
+    with the torch path run in fp32 on the same (upcast) values."""
+    TorchAttention().store_kv(
+        batch.key, batch.value, batch.key_cache, batch.value_cache, batch.meta.slot_mapping
+    )
+    scale = batch.query.shape[-1] ** -0.5
+    out = TritonAttention().attend(
+        batch.query, batch.key_cache, batch.value_cache, batch.meta, scale
+    )
+    reference = TorchAttention().attend(
+        batch.query.float(), batch.key_cache.float(), batch.value_cache.float(), batch.meta, scale
+    )
+    assert out.dtype == batch.query.dtype
+    assert out.shape == batch.query.shape
+    error = ((out.float() - reference).abs().max() / reference.abs().max()).item()
+    limit = TOLERANCE[batch.query.dtype]
+    assert error <= limit, f"relative error {error:.3g} > {limit} (seed {seed})"
+
+
+# Ragged mixed batch, block size 16: decodes ending mid-block and at a block end, a whole
+# prompt from scratch spanning several query and key tiles, a chunk after a cached prefix,
+# and a decode and a chunk that share prefix blocks with other sequences.
+MIXED_QUERY_LENS = [1, 70, 19, 1, 1, 9]
+MIXED_SEQ_LENS = [37, 70, 75, 16, 50, 41]
+MIXED_SHARED = {4: (2, 2), 5: (4, 1)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("gqa", [1, 2, 4])
+def test_mixed_batch_matches_torch(seed, gqa, head_dim, dtype):
+    batch = make_batch(
+        MIXED_QUERY_LENS,
+        MIXED_SEQ_LENS,
+        num_heads=4,
+        num_kv_heads=4 // gqa,
+        head_dim=head_dim,
+        dtype=dtype,
+        shared=MIXED_SHARED,
+    )
+    check_attention(batch, seed)
+
+
+@pytest.mark.parametrize("gqa", [1, 4])
+def test_mixed_batch_fp16_matches_torch(seed, gqa):
+    batch = make_batch(
+        MIXED_QUERY_LENS,
+        MIXED_SEQ_LENS,
+        num_heads=8,
+        num_kv_heads=8 // gqa,
+        head_dim=64,
+        dtype=torch.float16,
+        shared=MIXED_SHARED,
+    )
+    check_attention(batch, seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("gqa", [1, 2, 4])
+def test_decode_batch_matches_torch(seed, gqa, dtype):
+    """The CUDA-graph shape: every sequence decodes; contexts from 1 token to several key
+    tiles, three sequences reading the same first blocks."""
+    batch = make_batch(
+        [1] * 6,
+        [1, 17, 130, 64, 95, 200],
+        num_heads=8,
+        num_kv_heads=8 // gqa,
+        head_dim=64,
+        dtype=dtype,
+        shared={3: (2, 3), 4: (2, 5), 5: (2, 8)},
+    )
+    check_attention(batch, seed)
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
+    [(6, 2, 48, 5), (7, 1, 32, 1), (2, 2, 16, 32)],
+)
+def test_uncommon_shapes_match_torch(seed, num_heads, num_kv_heads, head_dim, block_size):
+    """GQA groups and head sizes that are not powers of two, tiny head sizes, and block
+    sizes other than 16 go through the same masks."""
+    batch = make_batch(
+        [1, 23, 5],
+        [40, 23, 71],
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=torch.float32,
+        block_size=block_size,
+        shared={2: (0, 30 // block_size)},
+    )
+    check_attention(batch, seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_store_kv_is_exact(seed, dtype):
+    """Keys and values are views into one fused projection (strided rows); a negative slot
+    is a padding token and writes nothing."""
+    num_kv_heads, head_dim, block_size, num_blocks, num_tokens = 2, 64, 16, 8, 20
+    fused = torch.randn(num_tokens, 3 * num_kv_heads * head_dim).to(DEVICE, dtype)
+    key, value = (
+        fused[:, n * num_kv_heads * head_dim : (n + 1) * num_kv_heads * head_dim].view(
+            num_tokens, num_kv_heads, head_dim
+        )
+        for n in (1, 2)
+    )
+    slots = torch.randperm(num_blocks * block_size)[:num_tokens].to(DEVICE)
+    slots[torch.randperm(num_tokens)[:3]] = -1
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache, value_cache = (torch.randn(cache_shape).to(DEVICE, dtype) for _ in range(2))
+    expected_key, expected_value = key_cache.clone(), value_cache.clone()
+    stored = slots >= 0
+    TorchAttention().store_kv(
+        key[stored], value[stored], expected_key, expected_value, slots[stored]
+    )
+
+    TritonAttention().store_kv(key, value, key_cache, value_cache, slots)
+
+    assert torch.equal(key_cache, expected_key), f"seed {seed}"
+    assert torch.equal(value_cache, expected_value), f"seed {seed}"
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (32, 8), (14, 2), (64, 1)])
+@pytest.mark.parametrize("head_dim", [16, 48, 64, 128, 256])
+@pytest.mark.parametrize("max_query_len", [1, 3, 64, 2048])
+def test_launch_is_valid_on_a_gpu(num_heads, num_kv_heads, head_dim, max_query_len):
+    """Power-of-two tiles, every tl.dot dimension at least 16, and the grid covers every
+    (sequence, kv head, query token)."""
+    launch = attention_launch(5, num_heads, num_kv_heads, head_dim, max_query_len)
+    for size in (launch.block_m, launch.block_n, launch.head_pad, launch.block_q):
+        assert size & (size - 1) == 0
+    assert min(launch.block_m, launch.block_n, launch.head_pad) >= 16
+    assert launch.head_pad >= head_dim
+    assert launch.group_pad >= launch.group == num_heads // num_kv_heads
+    assert launch.grid[:2] == (5, num_kv_heads)
+    assert (launch.grid[2] - 1) * launch.block_q < max_query_len <= launch.grid[2] * launch.block_q
+    assert launch.block_m == (16 if max_query_len == 1 else 64) or launch.block_q == 1
+
+
+def test_launch_rejects_uneven_gqa():
+    with pytest.raises(ValueError, match="num_heads 6 is not a multiple of num_kv_heads 4"):
+        attention_launch(1, 6, 4, 64, 1)
+
+
+@pytest.mark.parametrize(
+    ("device", "choice", "expected"),
+    [
+        ("cpu", "auto", "torch"),
+        ("cuda", "auto", "triton"),
+        ("cpu", "triton", "triton"),
+        ("cuda", "torch", "torch"),
+        ("cuda", "triton", "triton"),
+        ("cpu", "torch", "torch"),
+    ],
+)
+def test_select_backend(device, choice, expected):
+    backend = select_backend(torch.device(device), choice)
+    assert backend.name == expected
+    assert type(backend) is {"torch": TorchAttention, "triton": TritonAttention}[expected]
+
+
+def test_select_backend_rejects_unknown_choice():
+    with pytest.raises(ValueError) as error:
+        select_backend(torch.device("cpu"), "flash")
+    assert str(error.value) == (
+        "attention backend must be one of ('auto', 'torch', 'triton'), got 'flash'"
+    )
+
+
+def test_kernels_run_interpreted_without_cuda():
+    """Guards the conftest switch: on CPU the kernels must be the interpreter's."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from kvserve.engine.attention.triton_kernels import paged_attention_kernel
+
+    assert isinstance(paged_attention_kernel, InterpretedFunction) != torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("family", ["llama", "llama3-tied"])
+def test_engine_on_triton_matches_transformers(checkpoint, family):
+    """The kernels inside the model: chunked prompts in mixed batches with decodes, and
+    shared prefixes read from cached blocks, give transformers' greedy tokens."""
+    path = str(checkpoint(family))
+    config = EngineConfig(
+        model=path,
+        dtype="float32",
+        attention_backend="triton",
+        block_size=4,
+        num_kv_blocks=64,
+        max_num_batched_tokens=16,
+        enable_prefix_caching=True,
+    )
+    engine = LLMEngine(config)
+    prefix = [7, 100, 200, 300, 31, 41, 59, 26, 53]
+    prompts = [[*prefix, 11, 12, 13], [*prefix, 14], [400, 401, 402, 403, 404, 405, 406]]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    engine.add_request("0", prompts[0], params)
+    engine.add_request("2", prompts[2], params)
+    results = {}
+    for step in itertools.count():
+        if step == 2:  # the shared prefix is cached by now
+            engine.add_request("1", prompts[1], params)
+        elif not engine.has_unfinished_requests():
+            break
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out.outputs[0].token_ids
+    for i, prompt in enumerate(prompts):
+        assert_greedy_match(path, prompt, hf_greedy(path, prompt, 6), results[str(i)])
+    assert engine.stats.prefix_cache_hits == 8
