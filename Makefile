@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: setup serve test lint
+.PHONY: setup serve test lint k8s
 setup: $(VENV)/.installed
 
 serve: setup
@@ -20,5 +20,14 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+# The operator's tests: kubectl + helm, and a v1.20 control plane built from Debian's source
+# package (about 10 minutes once, then cached in ~/.cache/kvserve-k8s). KVSERVE_SKIP_K8S=1
+# skips the build and, explicitly, the tests that need it.
+k8s: setup
+	PYTHON=$(PY) scripts/kube-control-plane.sh tools
+ifneq ($(KVSERVE_SKIP_K8S),1)
+	PYTHON=$(PY) scripts/kube-control-plane.sh build
+endif
+
+test: lint k8s
 	$(PY) -m pytest -q -p no:cacheprovider tests

@@ -1,0 +1,56 @@
+"""The HorizontalPodAutoscaler that scales an LLMDeployment's Deployment on queue depth.
+
+The metrics are per-pod averages served by the custom-metrics API (prometheus-adapter, rules in
+the chart): Prometheus scrapes ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc``
+from every pod, and the adapter exposes them as ``vllm_num_requests_waiting`` and
+``vllm_kv_cache_usage_perc`` (the ``vllm:`` prefix becomes ``vllm_``: a colon is not a safe
+character in a custom-metrics resource path). ``autoscaling/v2`` and ``v2beta2`` share this
+shape; discovery picks the version.
+"""
+
+from typing import Any
+
+from kvserve.operator.resource import child_metadata
+from kvserve.operator.spec import AutoscalingSpec
+
+WAITING_METRIC = "vllm_num_requests_waiting"
+KV_USAGE_METRIC = "vllm_kv_cache_usage_perc"
+
+
+def _pods_metric(name: str, average: str) -> dict[str, Any]:
+    return {
+        "type": "Pods",
+        "pods": {
+            "metric": {"name": name},
+            "target": {"type": "AverageValue", "averageValue": average},
+        },
+    }
+
+
+def render_hpa(owner: dict[str, Any], scaling: AutoscalingSpec, api_version: str) -> dict[str, Any]:
+    metrics = []
+    if scaling.target_waiting_requests is not None:
+        metrics.append(_pods_metric(WAITING_METRIC, str(scaling.target_waiting_requests)))
+    if scaling.target_kv_cache_usage is not None:
+        milli = round(scaling.target_kv_cache_usage * 1000)
+        metrics.append(_pods_metric(KV_USAGE_METRIC, f"{milli}m"))
+    return {
+        "apiVersion": api_version,
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": child_metadata(owner),
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": owner["metadata"]["name"],
+            },
+            "minReplicas": scaling.min_replicas,
+            "maxReplicas": scaling.max_replicas,
+            "metrics": metrics,
+            "behavior": {
+                "scaleDown": {
+                    "stabilizationWindowSeconds": scaling.scale_down_stabilization_seconds
+                }
+            },
+        },
+    }

@@ -1,0 +1,243 @@
+"""The Deployment that runs ``kvserve serve`` for one LLMDeployment.
+
+Design rules, each visible in the rendered pod:
+- no stream is cut on scale-down or rollout: the preStop hook sleeps ``PRESTOP_SECONDS`` while
+  the endpoints controller takes the terminating pod out of the Service, then SIGTERM makes the
+  server drain for up to ``drain.timeoutSeconds``; ``terminationGracePeriodSeconds`` covers
+  both plus a margin, so the kubelet never SIGKILLs a draining server. Rollouts surge one pod
+  and never take a ready one away first (maxUnavailable 0).
+- the model is a path inside the container: baked into the image, a PVC mounted read-only at
+  /models, or an ``hf://`` repository that an init container (same image) downloads into an
+  emptyDir at /models/model before the server starts.
+- pods run as a non-root user with a read-only root filesystem; /tmp (HOME, caches) and
+  /dev/shm (memory-backed, sized for the engine's tensor-parallel ranks) are emptyDirs.
+- the server needs no Kubernetes API access: no service-account token is mounted.
+"""
+
+from typing import Any
+
+from kvserve.operator.resource import HTTP_PORT, child_metadata, labels, selector_labels
+from kvserve.operator.spec import LLMDeploymentSpec, ModelSource
+
+PRESTOP_SECONDS = 5
+GRACE_MARGIN_SECONDS = 15
+MODELS_DIR = "/models"
+HF_MODEL_DIR = f"{MODELS_DIR}/model"
+RUN_AS_USER = 1000
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+FETCH_SCRIPT = (
+    "import sys\n"
+    "from huggingface_hub import snapshot_download\n"
+    "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3])\n"
+)
+"""The init container's program: argv = repository id, revision ('' = default), directory."""
+
+
+def model_path(source: ModelSource) -> str:
+    if source.scheme == "image":
+        return source.location
+    if source.scheme == "hf":
+        return HF_MODEL_DIR
+    return f"{MODELS_DIR}/{source.path}" if source.path else MODELS_DIR
+
+
+def serve_args(name: str, spec: LLMDeploymentSpec, source: ModelSource) -> list[str]:
+    """``kvserve serve`` flags: the fixed ones, then each engine setting the spec gives."""
+    engine = spec.engine
+    args = [
+        "serve",
+        "--model", model_path(source),
+        "--served-model-name", spec.model.served_name or name,
+        "--host", "0.0.0.0",
+        "--port", str(HTTP_PORT),
+        "--device", "cuda" if spec.resources.gpus else "cpu",
+        "--dtype", engine.dtype,
+        "--tensor-parallel-size", str(engine.tensor_parallel_size),
+        "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
+        "--shutdown-timeout", str(spec.drain.timeout_seconds),
+    ]  # fmt: skip
+    optional = {
+        "--max-num-seqs": engine.max_num_seqs,
+        "--max-num-batched-tokens": engine.max_num_batched_tokens,
+        "--max-model-len": engine.max_model_len,
+        "--block-size": engine.block_size,
+        "--gpu-memory-utilization": engine.gpu_memory_utilization,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            args += [flag, str(value)]
+    return args + list(spec.extra_args)
+
+
+def _secret_env(name: str, secret: Any) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
+
+
+def _env(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
+    """The server's environment; an entry of ``spec.env`` replaces ours of the same name."""
+    ours: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
+    if spec.api_key_secret is not None:
+        ours.append(_secret_env("KVSERVE_API_KEY", spec.api_key_secret))
+    merged = {e["name"]: e for e in ours + list(spec.env)}
+    return list(merged.values())
+
+
+def _security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
+    res = spec.resources
+    amounts: dict[str, str] = {}
+    if res.cpu is not None:
+        amounts["cpu"] = res.cpu
+    if res.memory is not None:
+        amounts["memory"] = res.memory
+    if res.gpus:
+        amounts[res.gpu_resource] = str(res.gpus)
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def _model_volume(source: ModelSource) -> dict[str, Any] | None:
+    if source.scheme == "hf":
+        return {"name": "model", "emptyDir": {}}
+    if source.scheme == "pvc":
+        return {
+            "name": "model",
+            "persistentVolumeClaim": {"claimName": source.location, "readOnly": True},
+        }
+    return None
+
+
+def _fetch_container(spec: LLMDeploymentSpec, source: ModelSource, image: str) -> dict:
+    env: list[dict[str, Any]] = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HF_HOME", "value": "/tmp/hf"},
+    ]
+    if spec.model.hub_token_secret is not None:
+        env.append(_secret_env("HF_TOKEN", spec.model.hub_token_secret))
+    container: dict[str, Any] = {
+        "name": "fetch-model",
+        "image": image,
+        "command": ["python", "-c", FETCH_SCRIPT],
+        "args": [source.location, spec.model.revision or "", HF_MODEL_DIR],
+        "env": env,
+        "securityContext": _security_context(),
+        "volumeMounts": [
+            {"name": "model", "mountPath": MODELS_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    return container
+
+
+def _http_probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def render_deployment(
+    owner: dict[str, Any],
+    spec: LLMDeploymentSpec,
+    source: ModelSource,
+    image: str,
+    replicas: int,
+) -> dict[str, Any]:
+    name = owner["metadata"]["name"]
+    res = spec.resources
+    tp = spec.engine.tensor_parallel_size
+    mounts = [
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size or f"{tp}Gi"}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    model_volume = _model_volume(source)
+    if model_volume is not None:
+        volumes.append(model_volume)
+        mounts.append({"name": "model", "mountPath": MODELS_DIR, "readOnly": True})
+    server: dict[str, Any] = {
+        "name": "server",
+        "image": image,
+        "command": ["kvserve"],
+        "args": serve_args(name, spec, source),
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "env": _env(spec),
+        "resources": _resources(spec),
+        "securityContext": _security_context(),
+        "volumeMounts": mounts,
+        "startupProbe": _http_probe("/health", period=5, failures=360, timeout=3),
+        "readinessProbe": _http_probe("/ready", period=5, failures=2, timeout=3),
+        "livenessProbe": _http_probe("/health", period=10, failures=3, timeout=5),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SECONDS)]}}},
+    }
+    if spec.image_pull_policy:
+        server["imagePullPolicy"] = spec.image_pull_policy
+    node_selector = dict(res.node_selector)
+    tolerations = list(res.tolerations)
+    if res.gpus:
+        if res.gpu_product:
+            node_selector[GPU_PRODUCT_LABEL] = res.gpu_product
+        if not tolerations:
+            tolerations = [{"key": res.gpu_resource, "operator": "Exists", "effect": "NoSchedule"}]
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": (
+            PRESTOP_SECONDS + spec.drain.timeout_seconds + GRACE_MARGIN_SECONDS
+        ),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [server],
+        "volumes": volumes,
+    }
+    if source.scheme == "hf":
+        pod["initContainers"] = [_fetch_container(spec, source, image)]
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    if tolerations:
+        pod["tolerations"] = tolerations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": child_metadata(owner),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "progressDeadlineSeconds": 1800,
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": {
+                    "labels": labels(name),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(HTTP_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod,
+            },
+        },
+    }

@@ -1,0 +1,44 @@
+"""What the cluster serves, read from API discovery before each reconciliation.
+
+Kubernetes 1.20 serves ``autoscaling/v2beta2`` and ``policy/v1beta1`` only; 1.23+ serve
+``autoscaling/v2`` and 1.25+ have removed the betas. The operator renders the newest version the
+server offers. The PodMonitor is rendered only where the Prometheus operator's
+``monitoring.coreos.com`` API exists.
+"""
+
+from dataclasses import dataclass
+
+from kubernetes import client
+
+HPA_VERSIONS = ("autoscaling/v2", "autoscaling/v2beta2")
+PDB_VERSIONS = ("policy/v1", "policy/v1beta1")
+POD_MONITOR_VERSION = "monitoring.coreos.com/v1"
+
+
+@dataclass(frozen=True)
+class ClusterApis:
+    hpa_version: str = "autoscaling/v2"
+    pdb_version: str = "policy/v1"
+    pod_monitor: bool = False
+
+
+def _newest(offered: set[str], wanted: tuple[str, ...]) -> str:
+    for version in wanted:
+        if version in offered:
+            return version
+    raise RuntimeError(f"the API server serves none of {', '.join(wanted)}")
+
+
+def discover(api: client.ApiClient) -> ClusterApis:
+    groups = client.ApisApi(api).get_api_versions().groups
+    offered = {v.group_version for g in groups for v in g.versions}
+    pod_monitor = False
+    if POD_MONITOR_VERSION in offered:
+        group, version = POD_MONITOR_VERSION.split("/")
+        resources = client.CustomObjectsApi(api).get_api_resources(group, version).resources
+        pod_monitor = any(r.name == "podmonitors" for r in resources)
+    return ClusterApis(
+        hpa_version=_newest(offered, HPA_VERSIONS),
+        pdb_version=_newest(offered, PDB_VERSIONS),
+        pod_monitor=pod_monitor,
+    )

@@ -1,0 +1,89 @@
+"""The few API calls the operator makes, on any kind it owns, through one ``ApiClient``.
+
+Children are written with server-side apply (field manager ``kvserve-operator``, conflicts
+forced): the operator states the whole object it wants and the API server merges it. Applying
+an unchanged object is a no-op on the server (no new resourceVersion), which is what makes
+reconciliation idempotent and safe to repeat after a restart.
+"""
+
+import json
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kvserve.operator.resource import FIELD_MANAGER, PLURAL
+
+PLURALS = {
+    "Deployment": "deployments",
+    "Service": "services",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "PodMonitor": "podmonitors",
+    "LLMDeployment": PLURAL,
+}
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{prefix}/namespaces/{namespace}/{PLURALS[kind]}/{name}"
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str | None = None,
+        query: list[tuple[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        method, url, headers, body, _ = self.api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(method, url, header_params=headers, body=body)
+        text = response.read().decode()
+        if not 200 <= response.status < 300:
+            raise ApiException.from_response(http_resp=response, body=text, data=None)
+        return json.loads(text)
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        return self._call("PATCH", path, obj, "application/apply-patch+yaml", query)
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        try:
+            return self._call("GET", object_path(api_version, kind, namespace, name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete if present; return whether there was something to delete."""
+        try:
+            self._call("DELETE", object_path(api_version, kind, namespace, name))
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        path = object_path(api_version, kind, namespace, name) + "/status"
+        return self._call("PATCH", path, {"status": status}, "application/merge-patch+json")

@@ -1,0 +1,151 @@
+"""The LLMDeployment spec as the operator reads it, and the checks the CRD schema cannot make.
+
+The CRD's openAPIV3Schema (crds/llmdeployment.yaml) rejects wrong types and ranges at the API
+server; its defaults equal the ones below (a test holds them together). What a v1.20 schema
+cannot express (cross-field rules, the model source's scheme) is checked here:
+``parse_spec`` raises ``InvalidSpec``, which the operator reports as a ``Degraded`` condition
+and an Event instead of retrying.
+"""
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class InvalidSpec(ValueError):
+    """The spec can never be reconciled as written; only an edit of the spec fixes it."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, frozen=True)
+
+
+class SecretKey(_Spec):
+    name: str
+    key: str = "token"
+
+
+class ModelSpec(_Spec):
+    source: str
+    revision: str | None = None
+    served_name: str | None = Field(None, alias="servedName")
+    hub_token_secret: SecretKey | None = Field(None, alias="hubTokenSecret")
+
+
+class AutoscalingSpec(_Spec):
+    min_replicas: int = Field(1, alias="minReplicas")
+    max_replicas: int = Field(alias="maxReplicas")
+    target_waiting_requests: int | None = Field(None, alias="targetWaitingRequests")
+    target_kv_cache_usage: float | None = Field(None, alias="targetKVCacheUsage")
+    scale_down_stabilization_seconds: int = Field(300, alias="scaleDownStabilizationSeconds")
+    controller: Literal["HPA", "External"] = "HPA"
+    """``HPA``: the operator owns a HorizontalPodAutoscaler. ``External``: another autoscaler
+    (e.g. a KEDA ScaledObject) scales the Deployment; the operator only keeps it in bounds."""
+
+
+class ResourcesSpec(_Spec):
+    gpus: int = 0
+    gpu_resource: str = Field("nvidia.com/gpu", alias="gpuResource")
+    gpu_product: str | None = Field(None, alias="gpuProduct")
+    cpu: str | None = None
+    memory: str | None = None
+    shm_size: str | None = Field(None, alias="shmSize")
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class EngineSpec(_Spec):
+    max_num_seqs: int | None = Field(None, alias="maxNumSeqs")
+    max_num_batched_tokens: int | None = Field(None, alias="maxNumBatchedTokens")
+    max_model_len: int | None = Field(None, alias="maxModelLen")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    enable_prefix_caching: bool = Field(True, alias="enablePrefixCaching")
+    block_size: int | None = Field(None, alias="blockSize")
+    tensor_parallel_size: int = Field(1, alias="tensorParallelSize")
+    gpu_memory_utilization: float | None = Field(None, alias="gpuMemoryUtilization")
+
+
+class DrainSpec(_Spec):
+    timeout_seconds: int = Field(120, alias="timeoutSeconds")
+
+
+class LLMDeploymentSpec(_Spec):
+    model: ModelSpec
+    replicas: int = 1
+    autoscaling: AutoscalingSpec | None = None
+    image: str | None = None
+    image_pull_policy: str | None = Field(None, alias="imagePullPolicy")
+    api_key_secret: SecretKey | None = Field(None, alias="apiKeySecret")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    extra_args: list[str] = Field(default_factory=list, alias="extraArgs")
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    drain: DrainSpec = Field(default_factory=DrainSpec)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a pod finds its checkpoint. ``scheme`` is ``hf``, ``pvc`` or ``image``."""
+
+    scheme: Literal["hf", "pvc", "image"]
+    location: str
+    """``org/name`` for hf, the claim name for pvc, the absolute path for image."""
+    path: str = ""
+    """For pvc: the checkpoint's directory inside the claim ('' = the claim's root)."""
+
+
+_HF_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def parse_model_source(source: str) -> ModelSource:
+    if source.startswith("/"):
+        return ModelSource("image", source)
+    scheme, sep, rest = source.partition("://")
+    if not sep:
+        raise InvalidSpec(
+            f"model.source {source!r} is neither hf://org/name, pvc://claim/path "
+            "nor an absolute path inside the image"
+        )
+    if scheme == "hf":
+        if not _HF_REPO.match(rest) or ".." in rest:
+            raise InvalidSpec(f"model.source {source!r}: expected hf://org/name")
+        return ModelSource("hf", rest)
+    if scheme == "pvc":
+        claim, _, path = rest.partition("/")
+        if not _DNS_NAME.match(claim) or ".." in path.split("/"):
+            raise InvalidSpec(f"model.source {source!r}: expected pvc://claim/path")
+        return ModelSource("pvc", claim, path.strip("/"))
+    raise InvalidSpec(
+        f"model.source {source!r}: unknown scheme {scheme!r} (use hf://, pvc:// "
+        "or an absolute path inside the image)"
+    )
+
+
+def parse_spec(raw: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
+    """Validate a spec as stored by the API server; raise ``InvalidSpec`` with one message."""
+    try:
+        spec = LLMDeploymentSpec.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidSpec(f"spec.{where}: {first['msg']}") from None
+    source = parse_model_source(spec.model.source)
+    scaling = spec.autoscaling
+    if scaling is not None:
+        if scaling.min_replicas > scaling.max_replicas:
+            raise InvalidSpec(
+                f"autoscaling.minReplicas ({scaling.min_replicas}) is greater than "
+                f"autoscaling.maxReplicas ({scaling.max_replicas})"
+            )
+        no_target = (
+            scaling.target_waiting_requests is None and scaling.target_kv_cache_usage is None
+        )
+        if scaling.controller == "HPA" and no_target:
+            raise InvalidSpec("autoscaling needs targetWaitingRequests and/or targetKVCacheUsage")
+    tp, gpus = spec.engine.tensor_parallel_size, spec.resources.gpus
+    if tp > 1 and tp > gpus:
+        raise InvalidSpec(f"engine.tensorParallelSize {tp} needs at least {tp} GPUs, not {gpus}")
+    return spec, source

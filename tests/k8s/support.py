@@ -1,0 +1,57 @@
+"""What the operator's tests share: paths, the CRD and its samples, owners, kubectl and helm."""
+
+import copy
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / "llmdeployment.yaml"
+SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
+K8S_SCHEMA_VERSION = "1.35.0"
+
+
+def load_crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+def crd_schema() -> dict[str, Any]:
+    return load_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def crd_validator() -> jsonschema.Draft4Validator:
+    """The CRD's openAPIV3Schema read as JSON Schema (the x-kubernetes-* keys are ignored)."""
+    return jsonschema.Draft4Validator(crd_schema())
+
+
+def load_sample(name: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "crds" / "samples" / name).read_text())
+
+
+def owner(sample: str, namespace: str = "ml", uid: str = "uid-1", generation: int = 1) -> dict:
+    """A sample as the API server would hand it to the operator (namespace, uid, generation)."""
+    body = copy.deepcopy(load_sample(sample))
+    body["metadata"].update(namespace=namespace, uid=uid, generation=generation)
+    return body
+
+
+HARNESS = ROOT / "scripts" / "kube-control-plane.sh"
+CACHE = Path(os.environ.get("KVSERVE_K8S_CACHE", Path.home() / ".cache" / "kvserve-k8s"))
+
+
+@dataclass(frozen=True)
+class KubeTools:
+    kubectl: Path
+    helm: Path
+    env: dict[str, str]
+    """Environment for helm: its cache, config and data in a private temporary directory."""
+
+    def helm_run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.helm), *args], env=self.env, capture_output=True, text=True, check=check
+        )

@@ -1,0 +1,188 @@
+"""The Helm charts: lint, render, validate every manifest, and hold the RBAC to what is used."""
+
+import re
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from k8s.support import K8S_SCHEMA_VERSION, ROOT, KubeTools, crd_validator, load_crd
+from kvserve.operator.autoscaler import KV_USAGE_METRIC, WAITING_METRIC
+from kvserve.operator.spec import parse_spec
+
+OPERATOR_CHART = str(ROOT / "charts" / "kvserve-operator")
+LLMD_CHART = str(ROOT / "charts" / "llmdeployment")
+
+
+def template(tools: KubeTools, chart: str, *values: str) -> dict[str, dict[str, Any]]:
+    """``helm template`` → {kind/name: manifest}."""
+    out = tools.helm_run("template", "demo", chart, "--namespace", "kvs", "--include-crds", *values)
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    return {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
+
+
+@pytest.mark.parametrize(
+    ("chart", "values"),
+    [
+        (OPERATOR_CHART, []),
+        (OPERATOR_CHART, ["--set", "metricsAdapter.enabled=true"]),
+        (LLMD_CHART, []),
+        (LLMD_CHART, ["--set", "keda.enabled=true,autoscaling.maxReplicas=3"]),
+    ],
+)
+def test_lint_strict(kube_tools: KubeTools, chart: str, values: list[str]) -> None:
+    out = kube_tools.helm_run("lint", "--strict", chart, *values)
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+
+
+def test_operator_chart_manifests(kube_tools: KubeTools) -> None:
+    docs = template(kube_tools, OPERATOR_CHART, "--set", "metricsAdapter.enabled=true")
+    assert sorted(docs) == [
+        "ClusterRole/demo-kvserve-operator",
+        "ClusterRoleBinding/demo-kvserve-operator",
+        "ConfigMap/kvserve-adapter-rules",
+        "CustomResourceDefinition/llmdeployments.kvserve.io",
+        "Deployment/demo-kvserve-operator",
+        "ServiceAccount/demo-kvserve-operator",
+    ]
+    for doc in docs.values():
+        kubernetes_validate.validate(doc, K8S_SCHEMA_VERSION, strict=True)
+    assert docs["CustomResourceDefinition/llmdeployments.kvserve.io"] == load_crd()
+    pod = docs["Deployment/demo-kvserve-operator"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "demo-kvserve-operator"
+    container = pod["containers"][0]
+    assert container["image"] == "kvserve:0.1.0"
+    assert container["command"] == [
+        "python",
+        "-m",
+        "kopf",
+        "run",
+        "--standalone",
+        "--all-namespaces",
+        "--liveness=http://0.0.0.0:8080/healthz",
+        "-m",
+        "kvserve.operator.handlers",
+    ]
+    assert container["env"][:2] == [
+        {"name": "KVSERVE_SERVING_IMAGE", "value": "kvserve:0.1.0"},
+        {"name": "KVSERVE_RESYNC_SECONDS", "value": "300"},
+    ]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    binding = docs["ClusterRoleBinding/demo-kvserve-operator"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "demo-kvserve-operator", "namespace": "kvs"}
+    ]
+
+
+def test_rbac_is_least_privilege(kube_tools: KubeTools) -> None:
+    rules = template(kube_tools, OPERATOR_CHART)["ClusterRole/demo-kvserve-operator"]["rules"]
+    granted = {
+        (group, resource): tuple(rule["verbs"])
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    watch_apply = ("get", "list", "watch", "create", "patch")
+    assert granted == {
+        ("kvserve.io", "llmdeployments"): ("get", "list", "watch", "patch"),
+        ("kvserve.io", "llmdeployments/status"): ("get", "patch"),
+        ("apps", "deployments"): watch_apply,
+        ("", "services"): watch_apply,
+        ("policy", "poddisruptionbudgets"): watch_apply,
+        ("autoscaling", "horizontalpodautoscalers"): (*watch_apply, "delete"),
+        ("monitoring.coreos.com", "podmonitors"): watch_apply,
+        ("", "events"): ("create",),
+    }
+
+
+def test_adapter_rules_name_the_metrics_the_hpa_uses(kube_tools: KubeTools) -> None:
+    docs = template(kube_tools, OPERATOR_CHART, "--set", "metricsAdapter.enabled=true")
+    config = yaml.safe_load(docs["ConfigMap/kvserve-adapter-rules"]["data"]["config.yaml"])
+    (rule,) = config["rules"]
+    series = re.search(r'__name__=~"(.*?)"', rule["seriesQuery"]).group(1)
+    rename = rule["name"]
+    exposed = {}
+    for prom in ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert re.fullmatch(series, prom)
+        exposed[prom] = re.sub(rename["matches"], rename["as"].replace("${1}", r"\1"), prom)
+    assert exposed == {
+        "vllm:num_requests_waiting": WAITING_METRIC,
+        "vllm:kv_cache_usage_perc": KV_USAGE_METRIC,
+    }
+    assert rule["resources"] == {
+        "overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+    }
+
+
+def test_values_schema_rejects_unknown_and_wrong_values(kube_tools: KubeTools) -> None:
+    out = kube_tools.helm_run(
+        "template", "demo", OPERATOR_CHART, "--set", "resyncSeconds=1", check=False
+    )
+    assert out.returncode == 1
+    assert "/resyncSeconds" in out.stderr and "minimum" in out.stderr
+    out = kube_tools.helm_run("template", "demo", LLMD_CHART, "--set", "bogus=1", check=False)
+    assert out.returncode == 1 and "additional properties 'bogus' not allowed" in out.stderr
+
+
+def test_llmdeployment_chart_renders_a_valid_resource(kube_tools: KubeTools) -> None:
+    docs = template(
+        kube_tools,
+        LLMD_CHART,
+        "--set",
+        "model.source=pvc://models/qwen,resources.gpus=1,engine.maxNumSeqs=32",
+        "--set",
+        "autoscaling.maxReplicas=4,autoscaling.targetWaitingRequests=3",
+    )
+    assert sorted(docs) == ["LLMDeployment/demo"]
+    resource = docs["LLMDeployment/demo"]
+    crd_validator().validate(resource)
+    assert resource["spec"] == {
+        "model": {"source": "pvc://models/qwen"},
+        "replicas": 1,
+        "autoscaling": {"maxReplicas": 4, "targetWaitingRequests": 3},
+        "resources": {"gpus": 1},
+        "engine": {"maxNumSeqs": 32},
+        "extraArgs": [],
+        "env": [],
+        "drain": {"timeoutSeconds": 120},
+    }
+    parse_spec(resource["spec"])
+
+
+def test_keda_alternative(kube_tools: KubeTools) -> None:
+    docs = template(
+        kube_tools,
+        LLMD_CHART,
+        "--set",
+        "keda.enabled=true,model.servedName=qwen",
+        "--set",
+        "autoscaling.minReplicas=2,autoscaling.maxReplicas=6",
+    )
+    assert docs["LLMDeployment/demo"]["spec"]["autoscaling"] == {
+        "minReplicas": 2,
+        "maxReplicas": 6,
+        "controller": "External",
+    }
+    spec, _ = parse_spec(docs["LLMDeployment/demo"]["spec"])
+    assert spec.autoscaling is not None and spec.autoscaling.controller == "External"
+    assert docs["ScaledObject/demo"]["spec"] == {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "demo"},
+        "minReplicaCount": 2,
+        "maxReplicaCount": 6,
+        "advanced": {
+            "horizontalPodAutoscalerConfig": {
+                "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}
+            }
+        },
+        "triggers": [
+            {
+                "type": "prometheus",
+                "metadata": {
+                    "serverAddress": "http://prometheus-operated.monitoring.svc:9090",
+                    "query": 'sum(vllm:num_requests_waiting{namespace="kvs",model_name="qwen"})',
+                    "threshold": "5",
+                },
+            }
+        ],
+    }

@@ -1,0 +1,494 @@
+"""The operator against a real kube-apiserver + kube-controller-manager (v1.20, RBAC on).
+
+The operator runs under the chart's ServiceAccount, installed with ``helm install``. There is no
+scheduler or kubelet: pods stay Pending, and where a test needs ready replicas it plays the
+node by marking the pods Ready. Set KVSERVE_SKIP_K8S=1 to skip these tests explicitly; without
+it, a control plane that cannot be built or started fails them.
+"""
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from k8s.kube_cluster import ControlPlane, Operator, wait_for
+from k8s.support import ROOT, KubeTools, load_sample
+from kvserve.operator.kube import Kube
+from kvserve.operator.reconciler import IMAGE_ENV, Reconciler
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("KVSERVE_SKIP_K8S") == "1", reason="KVSERVE_SKIP_K8S=1 set explicitly"
+)
+API = "kvserve.io/v1alpha1"
+OPERATOR_NS = "kvserve-system"
+SERVICE_ACCOUNT = "kvs-kvserve-operator"
+
+
+@pytest.fixture(scope="module")
+def plane(
+    kube_tools: KubeTools, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    cp = ControlPlane(tmp_path_factory.mktemp("control-plane"), kube_tools)
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def operator(plane: ControlPlane) -> Iterator[Operator]:
+    plane.helm(
+        "install",
+        "kvs",
+        str(ROOT / "charts" / "kvserve-operator"),
+        "--namespace",
+        OPERATOR_NS,
+        "--create-namespace",
+    )
+    wait_for(
+        lambda: (
+            plane.kubectl("get", "crd", "llmdeployments.kvserve.io", check=False).returncode == 0
+        ),
+        "the CRD",
+    )
+    kubeconfig = wait_for(
+        lambda: (
+            plane.kubectl("get", "sa", SERVICE_ACCOUNT, "-n", OPERATOR_NS, check=False).returncode
+            == 0
+            and plane.service_account_kubeconfig(OPERATOR_NS, SERVICE_ACCOUNT)
+        ),
+        "the operator's ServiceAccount",
+    )
+    op = Operator(kubeconfig, plane.state / "operator.log")
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        log = op.text()
+        assert "Traceback" not in log, log[-5000:]
+        assert "Forbidden" not in log and " 403" not in log, log[-5000:]
+
+
+@pytest.fixture(scope="module")
+def kube(plane: ControlPlane) -> Kube:
+    return Kube(plane.admin_client())
+
+
+def namespace(plane: ControlPlane, name: str) -> str:
+    plane.kubectl("create", "namespace", name)
+    wait_for(
+        lambda: plane.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        f"the default ServiceAccount of {name}",
+    )
+    return name
+
+
+def llmd(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
+    return kube.get(API, "LLMDeployment", ns, name)
+
+
+def condition(body: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    conditions = ((body or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), None)
+
+
+def children(kube: Kube, ns: str, name: str, hpa: str = "autoscaling/v2beta2") -> dict:
+    """The children by kind, None where absent (v1.20 serves the beta HPA and PDB)."""
+    return {
+        "Deployment": kube.get("apps/v1", "Deployment", ns, name),
+        "Service": kube.get("v1", "Service", ns, name),
+        "PodDisruptionBudget": kube.get("policy/v1beta1", "PodDisruptionBudget", ns, name),
+        "HorizontalPodAutoscaler": kube.get(hpa, "HorizontalPodAutoscaler", ns, name),
+    }
+
+
+def apply_yaml(plane: ControlPlane, ns: str, body: dict[str, Any]) -> None:
+    plane.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(body))
+
+
+def play_node(plane: ControlPlane, ns: str, name: str) -> int:
+    """Mark every pod of ``name`` Running and Ready, as a kubelet would; return how many."""
+    core = client.CoreV1Api(plane.admin_client())
+    pods = core.list_namespaced_pod(ns, label_selector=f"kvserve.io/llmdeployment={name}").items
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for pod in pods:
+        ready = {"type": "Ready", "status": "True", "lastTransitionTime": now}
+        body = {"status": {"phase": "Running", "conditions": [ready]}}
+        core.patch_namespaced_pod_status(pod.metadata.name, ns, body)
+    return len(pods)
+
+
+def test_apply_makes_children_and_status(plane: ControlPlane, operator: Operator, kube: Kube):
+    ns = namespace(plane, "apply")
+    apply_yaml(plane, ns, load_sample("cpu-demo.yaml"))
+    owner = llmd(kube, ns, "cpu-demo")
+    assert owner is not None
+    kids = wait_for(
+        lambda: (c := children(kube, ns, "cpu-demo"))["PodDisruptionBudget"] and c, "the children"
+    )
+    assert kids["HorizontalPodAutoscaler"] is None
+    for kind in ("Deployment", "Service", "PodDisruptionBudget"):
+        (ref,) = kids[kind]["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["uid"], ref["controller"]) == (
+            "LLMDeployment",
+            owner["metadata"]["uid"],
+            True,
+        )
+    pod = kids["Deployment"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "kvserve:test"
+    assert pod["containers"][0]["args"][:3] == ["serve", "--model", "/opt/kvserve/models/demo"]
+    assert kids["Service"]["spec"]["clusterIP"].startswith("10.96.")
+
+    # The real ReplicaSet controller makes two Pending pods; the test plays their node.
+    wait_for(lambda: play_node(plane, ns, "cpu-demo") == 2, "two pods")
+    ready = wait_for(
+        lambda: (b := llmd(kube, ns, "cpu-demo"))["status"].get("phase") == "Ready" and b,
+        "phase Ready",
+    )
+    status = ready["status"]
+    assert (status["replicas"], status["readyReplicas"], status["observedGeneration"]) == (2, 2, 1)
+    assert status["endpoint"] == "http://cpu-demo.apply.svc:8000/v1"
+    assert [(c["type"], c["status"], c["reason"]) for c in status["conditions"]] == [
+        ("Available", "True", "MinimumReplicasAvailable"),
+        ("Progressing", "False", "RolloutComplete"),
+        ("Degraded", "False", "Reconciled"),
+    ]
+    table = plane.kubectl("get", "llmd", "-n", ns).stdout.split("\n")
+    assert table[0].split() == ["NAME", "MODEL", "REPLICAS", "READY", "PHASE", "AGE"]
+    assert table[1].split()[:5] == ["cpu-demo", "/opt/kvserve/models/demo", "2", "2", "Ready"]
+
+
+def test_scale_subresource_and_spec_update(plane: ControlPlane, operator: Operator, kube: Kube):
+    ns = namespace(plane, "scale")
+    custom = client.CustomObjectsApi(plane.admin_client())
+    body = load_sample("cpu-demo.yaml")
+    custom.create_namespaced_custom_object("kvserve.io", "v1alpha1", ns, "llmdeployments", body)
+    wait_for(lambda: children(kube, ns, "cpu-demo")["Deployment"], "the Deployment")
+
+    plane.kubectl("scale", "llmd", "cpu-demo", "-n", ns, "--replicas=3")
+    wait_for(
+        lambda: kube.get("apps/v1", "Deployment", ns, "cpu-demo")["spec"]["replicas"] == 3,
+        "3 replicas in the Deployment",
+    )
+    scale = json.loads(
+        plane.kubectl(
+            "get", "--raw", f"/apis/{API}/namespaces/{ns}/llmdeployments/cpu-demo/scale"
+        ).stdout
+    )
+    assert scale["spec"] == {"replicas": 3}
+    wait_for(
+        lambda: (
+            json.loads(
+                plane.kubectl(
+                    "get", "--raw", f"/apis/{API}/namespaces/{ns}/llmdeployments/cpu-demo/scale"
+                ).stdout
+            )["status"]
+            == {
+                "replicas": 3,
+                "selector": "app.kubernetes.io/name=kvserve,kvserve.io/llmdeployment=cpu-demo",
+            }
+        ),
+        "the scale subresource's status",
+    )
+
+    custom.patch_namespaced_custom_object(
+        "kvserve.io",
+        "v1alpha1",
+        ns,
+        "llmdeployments",
+        "cpu-demo",
+        {"spec": {"engine": {"maxNumSeqs": 8}, "drain": {"timeoutSeconds": 45}}},
+    )
+    dep = wait_for(
+        lambda: (
+            (d := kube.get("apps/v1", "Deployment", ns, "cpu-demo"))["metadata"]["generation"] == 3
+            and d
+        ),
+        "the rolled Deployment",
+    )
+    pod = dep["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "8"
+    assert args[args.index("--shutdown-timeout") + 1] == "45"
+    assert pod["terminationGracePeriodSeconds"] == 65
+    assert dep["spec"]["replicas"] == 3
+    wait_for(
+        lambda: llmd(kube, ns, "cpu-demo")["status"].get("observedGeneration") == 3,
+        "observedGeneration 3",
+    )
+
+
+def test_autoscaling_hpa_by_discovery_and_removal(
+    plane: ControlPlane, operator: Operator, kube: Kube
+):
+    ns = namespace(plane, "hpa")
+    body = load_sample("hf-gpu-autoscaled.yaml")
+    body["spec"]["autoscaling"]["minReplicas"] = 2
+    apply_yaml(plane, ns, body)
+    hpa = wait_for(lambda: children(kube, ns, "qwen")["HorizontalPodAutoscaler"], "the HPA")
+    assert hpa["apiVersion"] == "autoscaling/v2beta2"
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm_num_requests_waiting"
+    assert hpa["spec"]["metrics"][1]["pods"]["target"]["averageValue"] == "800m"
+    dep = kube.get("apps/v1", "Deployment", ns, "qwen")
+    assert dep["spec"]["replicas"] == 2
+    assert [c["name"] for c in dep["spec"]["template"]["spec"]["initContainers"]] == ["fetch-model"]
+
+    body["spec"].pop("autoscaling")
+    body["spec"]["replicas"] = 1
+    apply_yaml(plane, ns, body)
+    wait_for(
+        lambda: children(kube, ns, "qwen")["HorizontalPodAutoscaler"] is None, "the HPA removed"
+    )
+    wait_for(
+        lambda: kube.get("apps/v1", "Deployment", ns, "qwen")["spec"]["replicas"] == 1, "1 replica"
+    )
+
+
+def events_for(plane: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
+    core = client.CoreV1Api(plane.admin_client())
+    found = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    return [{"type": e.type, "reason": e.reason, "message": e.message} for e in found]
+
+
+@pytest.mark.parametrize(
+    ("ns", "patch", "message"),
+    [
+        (
+            "invalid-bounds",
+            {"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "targetWaitingRequests": 3}},
+            "autoscaling.minReplicas (5) is greater than autoscaling.maxReplicas (2)",
+        ),
+        (
+            "invalid-scheme",
+            {"model": {"source": "s3://bucket/model"}},
+            "model.source 's3://bucket/model': unknown scheme 's3' (use hf://, pvc:// or an "
+            "absolute path inside the image)",
+        ),
+    ],
+)
+def test_invalid_spec_is_degraded_with_an_event(
+    plane: ControlPlane, operator: Operator, kube: Kube, ns: str, patch: dict, message: str
+):
+    namespace(plane, ns)
+    body = load_sample("cpu-demo.yaml")
+    body["spec"].update(patch)
+    apply_yaml(plane, ns, body)
+    degraded = wait_for(lambda: condition(llmd(kube, ns, "cpu-demo"), "Degraded"), "Degraded")
+    assert (degraded["status"], degraded["reason"], degraded["message"]) == (
+        "True",
+        "InvalidSpec",
+        message,
+    )
+    assert llmd(kube, ns, "cpu-demo")["status"]["phase"] == "Degraded"
+    event = wait_for(lambda: events_for(plane, ns, "cpu-demo"), "the Event")
+    assert event == [{"type": "Warning", "reason": "InvalidSpec", "message": message}]
+    assert children(kube, ns, "cpu-demo")["Deployment"] is None
+
+    # No retry storm: the handler succeeded once, with nothing left to retry.
+    log = operator.text()
+    assert log.count(f"[{ns}/cpu-demo] Handler 'reconcile' succeeded") == 1
+    assert f"[{ns}/cpu-demo] Handler 'reconcile' failed" not in log
+
+    plane.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(load_sample("cpu-demo.yaml")))
+    wait_for(lambda: children(kube, ns, "cpu-demo")["Deployment"], "the Deployment once fixed")
+    wait_for(
+        lambda: condition(llmd(kube, ns, "cpu-demo"), "Degraded")["status"] == "False",
+        "Degraded False",
+    )
+
+
+def test_rejected_spec_is_degraded(plane: ControlPlane, operator: Operator, kube: Kube):
+    ns = namespace(plane, "rejected")
+    body = load_sample("cpu-demo.yaml")
+    body["spec"]["env"] = [{"name": "not valid!", "value": "1"}]
+    apply_yaml(plane, ns, body)
+    degraded = wait_for(lambda: condition(llmd(kube, ns, "cpu-demo"), "Degraded"), "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ApplyFailed")
+    assert degraded["message"].startswith(
+        'the API server rejected a child: Deployment.apps "cpu-demo" is invalid: '
+        'spec.template.spec.containers[0].env[1].name: Invalid value: "not valid!"'
+    )
+    event = wait_for(lambda: events_for(plane, ns, "cpu-demo"), "the Event")
+    assert event == [{"type": "Warning", "reason": "ApplyFailed", "message": degraded["message"]}]
+    assert children(kube, ns, "cpu-demo")["Deployment"] is None
+
+
+def test_deleted_child_is_recreated(plane: ControlPlane, operator: Operator, kube: Kube):
+    ns = namespace(plane, "recreate")
+    apply_yaml(plane, ns, load_sample("cpu-demo.yaml"))
+    before = wait_for(
+        lambda: (c := children(kube, ns, "cpu-demo"))["PodDisruptionBudget"] and c, "the children"
+    )
+    for kind, resource in (("Service", "service"), ("PodDisruptionBudget", "pdb")):
+        plane.kubectl("delete", resource, "cpu-demo", "-n", ns)
+        again = wait_for(
+            lambda k=kind: (
+                (c := children(kube, ns, "cpu-demo")[k])
+                and c["metadata"]["uid"] != before[k]["metadata"]["uid"]
+                and c
+            ),
+            f"a new {kind}",
+        )
+        assert again["spec"]["selector"] == before[kind]["spec"]["selector"]
+
+
+def _versions(kube: Kube, ns: str, name: str) -> dict[str, tuple[str, list]]:
+    """Per child: its uid and what the operator's field manager last wrote, and when.
+
+    (Controllers keep writing the children's status; only the operator's writes count here.)
+    """
+    return {
+        kind: (
+            c["metadata"]["uid"],
+            [m for m in c["metadata"]["managedFields"] if m["manager"] == "kvserve-operator"],
+        )
+        for kind, c in children(kube, ns, name).items()
+        if c is not None
+    }
+
+
+def test_reconcile_is_idempotent_and_restart_makes_no_duplicates(
+    plane: ControlPlane, operator: Operator, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns = namespace(plane, "restart")
+    body = load_sample("hf-gpu-autoscaled.yaml")
+    apply_yaml(plane, ns, body)
+    wait_for(
+        lambda: llmd(kube, ns, "qwen").get("status", {}).get("observedGeneration") == 1,
+        "the first reconcile",
+    )
+    wait_for(lambda: len(_versions(kube, ns, "qwen")) == 4, "four children")
+    wait_for(
+        lambda: (
+            condition(llmd(kube, ns, "qwen"), "Progressing")["message"]
+            == "1/1 replicas updated, 0 ready, 1 in total"
+        ),
+        "the Deployment's pod in the status",
+    )
+    before = _versions(kube, ns, "qwen")
+    owner_version = llmd(kube, ns, "qwen")["metadata"]["resourceVersion"]
+
+    # Reconciling twice more, as the operator would (its permissions, its image), writes nothing.
+    monkeypatch.setenv(IMAGE_ENV, operator.env[IMAGE_ENV])
+    sa = Reconciler(Kube(client.ApiClient(_sa_configuration(operator.kubeconfig))))
+    for _ in range(2):
+        outcome = sa.reconcile(llmd(kube, ns, "qwen"))
+        assert outcome.problem is None
+        assert outcome.status == llmd(kube, ns, "qwen")["status"]
+    assert _versions(kube, ns, "qwen") == before
+
+    broken = load_sample("cpu-demo.yaml")
+    broken["metadata"]["name"] = "broken"
+    broken["spec"]["autoscaling"] = {"minReplicas": 3, "maxReplicas": 1, "targetWaitingRequests": 1}
+    apply_yaml(plane, ns, broken)
+    wait_for(lambda: len(events_for(plane, ns, "broken")) == 1, "the broken one's Event")
+
+    operator.stop()
+    logged = len(operator.text())
+    operator.start()
+    for name in ("qwen", "broken"):
+        wait_for(
+            lambda n=name: f"[{ns}/{n}] Handler 'reconcile' succeeded" in operator.text()[logged:],
+            f"the restarted operator to resume {name}",
+        )
+    # Resuming reports a problem it has already reported only in the status, not as new Event.
+    assert len(events_for(plane, ns, "broken")) == 1
+    assert _versions(kube, ns, "qwen") == before
+    assert llmd(kube, ns, "qwen")["metadata"]["resourceVersion"] == owner_version
+    apps = client.AppsV1Api(plane.admin_client())
+    deployments = apps.list_namespaced_deployment(ns).items
+    assert [d.metadata.name for d in deployments] == ["qwen"]
+    services = client.CoreV1Api(plane.admin_client()).list_namespaced_service(ns).items
+    assert [s.metadata.name for s in services] == ["qwen"]
+
+
+def _sa_configuration(kubeconfig: Path) -> client.Configuration:
+    configuration = client.Configuration()
+    config.load_kube_config(str(kubeconfig), client_configuration=configuration)
+    return configuration
+
+
+def test_delete_leaves_nothing_behind(plane: ControlPlane, operator: Operator, kube: Kube):
+    ns = namespace(plane, "delete")
+    body = load_sample("hf-gpu-autoscaled.yaml")
+    apply_yaml(plane, ns, body)
+    wait_for(lambda: len(_versions(kube, ns, "qwen")) == 4, "four children")
+    apps = client.AppsV1Api(plane.admin_client())
+    wait_for(lambda: apps.list_namespaced_replica_set(ns).items, "the ReplicaSet")
+    plane.kubectl("delete", "llmd", "qwen", "-n", ns)
+
+    def nothing_left() -> bool:
+        core = client.CoreV1Api(plane.admin_client())
+        return (
+            not _versions(kube, ns, "qwen")
+            and not apps.list_namespaced_replica_set(ns).items
+            and not core.list_namespaced_pod(ns).items
+        )
+
+    wait_for(nothing_left, "the garbage collector to remove every child")
+
+
+ANY_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+POD_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def test_pod_monitor_once_the_prometheus_operator_api_exists(
+    plane: ControlPlane, operator: Operator, kube: Kube
+) -> None:
+    """Runs last: from here on the cluster serves monitoring.coreos.com (a stand-in CRD)."""
+    plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(POD_MONITOR_CRD))
+    wait_for(
+        lambda: plane.kubectl("get", "podmonitors", "-A", check=False).returncode == 0,
+        "the PodMonitor API",
+    )
+    ns = namespace(plane, "monitored")
+    apply_yaml(plane, ns, load_sample("cpu-demo.yaml"))
+    monitor = wait_for(
+        lambda: kube.get("monitoring.coreos.com/v1", "PodMonitor", ns, "cpu-demo"), "the PodMonitor"
+    )
+    owner = llmd(kube, ns, "cpu-demo")
+    assert monitor["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+    assert monitor["spec"] == {
+        "selector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "kvserve",
+                "kvserve.io/llmdeployment": "cpu-demo",
+            }
+        },
+        "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+    }
+    plane.kubectl("delete", "llmd", "cpu-demo", "-n", ns)
+    wait_for(
+        lambda: kube.get("monitoring.coreos.com/v1", "PodMonitor", ns, "cpu-demo") is None,
+        "the PodMonitor collected",
+    )

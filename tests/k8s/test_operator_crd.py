@@ -1,0 +1,65 @@
+"""The CRD is a valid apiextensions/v1 object and its samples pass its own schema."""
+
+import copy
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from k8s.support import K8S_SCHEMA_VERSION, SAMPLES, crd_validator, load_crd, load_sample
+
+
+def test_crd_valid_for_current_kubernetes() -> None:
+    kubernetes_validate.validate(load_crd(), K8S_SCHEMA_VERSION, strict=True)
+
+
+def test_crd_names_columns_and_subresources() -> None:
+    crd = load_crd()
+    assert crd["spec"]["names"]["shortNames"] == ["llmd"]
+    assert crd["spec"]["scope"] == "Namespaced"
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Model",
+        "Replicas",
+        "Ready",
+        "Phase",
+        "Age",
+    ]
+
+
+@pytest.mark.parametrize("sample", [p.name for p in SAMPLES])
+def test_samples_match_the_crd_schema(sample: str) -> None:
+    crd_validator().validate(load_sample(sample))
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "error"),
+    [
+        (("spec", "replicas"), -1, "-1 is less than the minimum of 0"),
+        (("spec", "engine", "dtype"), "int8", "'int8' is not one of"),
+        (
+            ("spec", "autoscaling", "targetKVCacheUsage"),
+            1.5,
+            "1.5 is greater than the maximum of 1",
+        ),
+        (("spec", "resources", "memory"), "lots", "'lots' does not match"),
+        (("spec", "model"), {"revision": "main"}, "'source' is a required property"),
+    ],
+)
+def test_schema_rejects(path: tuple[str, ...], value: object, error: str) -> None:
+    body = copy.deepcopy(load_sample("hf-gpu-autoscaled.yaml"))
+    node = body
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(jsonschema.ValidationError) as e:
+        crd_validator().validate(body)
+    assert e.value.message.startswith(error)

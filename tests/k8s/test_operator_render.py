@@ -1,0 +1,380 @@
+"""The children the operator renders, field by field, and valid for a current Kubernetes."""
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from k8s.support import K8S_SCHEMA_VERSION, SAMPLES, owner
+from kvserve.operator.children import desired_children, desired_replicas, obsolete_children
+from kvserve.operator.deployment import FETCH_SCRIPT, serve_args
+from kvserve.operator.discovery import ClusterApis
+from kvserve.operator.spec import parse_spec
+
+LABELS = {
+    "app.kubernetes.io/name": "kvserve",
+    "kvserve.io/llmdeployment": "qwen",
+    "app.kubernetes.io/component": "server",
+    "app.kubernetes.io/managed-by": "kvserve-operator",
+}
+SELECTOR = {"app.kubernetes.io/name": "kvserve", "kvserve.io/llmdeployment": "qwen"}
+METADATA = {
+    "name": "qwen",
+    "namespace": "ml",
+    "labels": LABELS,
+    "ownerReferences": [
+        {
+            "apiVersion": "kvserve.io/v1alpha1",
+            "kind": "LLMDeployment",
+            "name": "qwen",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ],
+}
+CURRENT = ClusterApis()
+HARDENED = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def render(body: dict[str, Any], apis: ClusterApis = CURRENT, current: int | None = None):
+    spec, source = parse_spec(body["spec"])
+    children = desired_children(body, spec, source, apis, "kvserve:0.1.0", current)
+    return {c["kind"]: c for c in children}
+
+
+def test_hf_gpu_deployment_exact(hf_owner: dict[str, Any]) -> None:
+    def probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": path, "port": "http"},
+            "periodSeconds": period,
+            "timeoutSeconds": timeout,
+            "failureThreshold": failures,
+        }
+
+    assert render(hf_owner)["Deployment"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": METADATA,
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": SELECTOR},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "progressDeadlineSeconds": 1800,
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": {
+                    "labels": LABELS,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": "8000",
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 5 + 120 + 15,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 1000,
+                        "runAsGroup": 1000,
+                        "fsGroup": 1000,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "initContainers": [
+                        {
+                            "name": "fetch-model",
+                            "image": "kvserve:0.1.0",
+                            "command": ["python", "-c", FETCH_SCRIPT],
+                            "args": ["Qwen/Qwen2.5-0.5B-Instruct", "main", "/models/model"],
+                            "env": [
+                                {"name": "HOME", "value": "/tmp"},
+                                {"name": "HF_HOME", "value": "/tmp/hf"},
+                                {
+                                    "name": "HF_TOKEN",
+                                    "valueFrom": {
+                                        "secretKeyRef": {"name": "hf-token", "key": "token"}
+                                    },
+                                },
+                            ],
+                            "securityContext": HARDENED,
+                            "volumeMounts": [
+                                {"name": "model", "mountPath": "/models"},
+                                {"name": "tmp", "mountPath": "/tmp"},
+                            ],
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "kvserve:0.1.0",
+                            "command": ["kvserve"],
+                            "args": [
+                                "serve",
+                                "--model",
+                                "/models/model",
+                                "--served-model-name",
+                                "qwen2.5-0.5b",
+                                "--host",
+                                "0.0.0.0",
+                                "--port",
+                                "8000",
+                                "--device",
+                                "cuda",
+                                "--dtype",
+                                "bfloat16",
+                                "--tensor-parallel-size",
+                                "1",
+                                "--enable-prefix-caching",
+                                "--shutdown-timeout",
+                                "120",
+                                "--max-num-seqs",
+                                "128",
+                                "--max-num-batched-tokens",
+                                "4096",
+                                "--max-model-len",
+                                "8192",
+                                "--block-size",
+                                "16",
+                                "--gpu-memory-utilization",
+                                "0.9",
+                            ],
+                            "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+                            "env": [
+                                {"name": "HOME", "value": "/tmp"},
+                                {
+                                    "name": "KVSERVE_API_KEY",
+                                    "valueFrom": {
+                                        "secretKeyRef": {"name": "kvserve-api-key", "key": "key"}
+                                    },
+                                },
+                                {"name": "KVSERVE_SEED", "value": "1"},
+                            ],
+                            "resources": {
+                                "requests": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
+                                "limits": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
+                            },
+                            "securityContext": HARDENED,
+                            "volumeMounts": [
+                                {"name": "shm", "mountPath": "/dev/shm"},
+                                {"name": "tmp", "mountPath": "/tmp"},
+                                {"name": "model", "mountPath": "/models", "readOnly": True},
+                            ],
+                            "startupProbe": probe("/health", 5, 3, 360),
+                            "readinessProbe": probe("/ready", 5, 3, 2),
+                            "livenessProbe": probe("/health", 10, 5, 3),
+                            "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+                        {"name": "tmp", "emptyDir": {}},
+                        {"name": "model", "emptyDir": {}},
+                    ],
+                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                },
+            },
+        },
+    }
+
+
+def test_fetch_script_downloads_into_the_model_directory() -> None:
+    assert FETCH_SCRIPT == (
+        "import sys\n"
+        "from huggingface_hub import snapshot_download\n"
+        "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, "
+        "local_dir=sys.argv[3])\n"
+    )
+
+
+def test_cpu_model_in_image() -> None:
+    body = owner("cpu-demo.yaml")
+    pod = render(body)["Deployment"]["spec"]["template"]["spec"]
+    spec, source = parse_spec(body["spec"])
+    assert serve_args("cpu-demo", spec, source) == [
+        "serve",
+        "--model", "/opt/kvserve/models/demo",
+        "--served-model-name", "demo",
+        "--host", "0.0.0.0",
+        "--port", "8000",
+        "--device", "cpu",
+        "--dtype", "float32",
+        "--tensor-parallel-size", "1",
+        "--enable-prefix-caching",
+        "--shutdown-timeout", "30",
+        "--max-num-seqs", "16",
+        "--max-model-len", "2048",
+    ]  # fmt: skip
+    assert "initContainers" not in pod and "tolerations" not in pod and "nodeSelector" not in pod
+    assert pod["terminationGracePeriodSeconds"] == 5 + 30 + 15
+    assert pod["volumes"] == [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    assert pod["containers"][0]["resources"] == {
+        "requests": {"cpu": "2", "memory": "4Gi"},
+        "limits": {"cpu": "2", "memory": "4Gi"},
+    }
+    assert render(body)["Deployment"]["spec"]["replicas"] == 2
+
+
+def test_pvc_tensor_parallel() -> None:
+    body = owner("pvc-tensor-parallel.yaml")
+    pod = render(body)["Deployment"]["spec"]["template"]["spec"]
+    server = pod["containers"][0]
+    assert server["args"][:3] == ["serve", "--model", "/models/llama-3.1-8b-instruct"]
+    assert server["args"][-7:] == [
+        "--tensor-parallel-size", "2",
+        "--no-enable-prefix-caching",
+        "--shutdown-timeout", "600",
+        "--max-waiting-requests", "256",
+    ]  # fmt: skip
+    assert pod["volumes"] == [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+    ]
+    assert server["resources"] == {
+        "requests": {"nvidia.com/gpu": "2"},
+        "limits": {"nvidia.com/gpu": "2"},
+    }
+    assert pod["nodeSelector"] == {"pool": "gpu"}
+    assert pod["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
+    ]
+    assert pod["terminationGracePeriodSeconds"] == 5 + 600 + 15
+
+
+def test_user_env_replaces_ours_by_name() -> None:
+    body = owner("cpu-demo.yaml")
+    body["spec"]["env"] = [{"name": "HOME", "value": "/home/x"}, {"name": "A", "value": "1"}]
+    env = render(body)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env == [{"name": "HOME", "value": "/home/x"}, {"name": "A", "value": "1"}]
+
+
+def test_service_pdb_hpa_podmonitor_exact(hf_owner: dict[str, Any]) -> None:
+    children = render(hf_owner, ClusterApis(pod_monitor=True))
+    assert list(children) == [
+        "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "PodMonitor"
+    ]  # fmt: skip
+    assert children["Service"] == {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": METADATA,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": SELECTOR,
+            "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    assert children["PodDisruptionBudget"] == {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": METADATA,
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": SELECTOR}},
+    }
+    assert children["HorizontalPodAutoscaler"] == {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": METADATA,
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "qwen"},
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": "vllm_num_requests_waiting"},
+                        "target": {"type": "AverageValue", "averageValue": "5"},
+                    },
+                },
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": "vllm_kv_cache_usage_perc"},
+                        "target": {"type": "AverageValue", "averageValue": "800m"},
+                    },
+                },
+            ],
+            "behavior": {"scaleDown": {"stabilizationWindowSeconds": 120}},
+        },
+    }
+    assert children["PodMonitor"] == {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": METADATA,
+        "spec": {
+            "selector": {"matchLabels": SELECTOR},
+            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+
+
+def test_old_cluster_gets_beta_versions(hf_owner: dict[str, Any]) -> None:
+    apis = ClusterApis(hpa_version="autoscaling/v2beta2", pdb_version="policy/v1beta1")
+    children = render(hf_owner, apis)
+    assert children["HorizontalPodAutoscaler"]["apiVersion"] == "autoscaling/v2beta2"
+    assert children["PodDisruptionBudget"]["apiVersion"] == "policy/v1beta1"
+    assert "PodMonitor" not in children
+    # The oldest schemas shipped (1.25) still hold autoscaling/v2beta2; the real 1.20 API server
+    # of the integration tests accepts both.
+    kubernetes_validate.validate(children["HorizontalPodAutoscaler"], "1.25.0", strict=True)
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "current", "expected"),
+    [
+        (None, None, 2),
+        (None, 7, 2),
+        ({"minReplicas": 2, "maxReplicas": 5, "targetWaitingRequests": 1}, None, 2),
+        ({"minReplicas": 2, "maxReplicas": 5, "targetWaitingRequests": 1}, 4, 4),
+        ({"minReplicas": 2, "maxReplicas": 5, "targetWaitingRequests": 1}, 9, 5),
+        ({"minReplicas": 2, "maxReplicas": 5, "targetWaitingRequests": 1}, 1, 2),
+    ],
+)
+def test_desired_replicas(autoscaling: dict | None, current: int | None, expected: int) -> None:
+    raw: dict[str, Any] = {"model": {"source": "/m"}, "replicas": 2}
+    if autoscaling is not None:
+        raw["autoscaling"] = autoscaling
+    spec, _ = parse_spec(raw)
+    assert desired_replicas(spec, current) == expected
+
+
+def test_obsolete_hpa_only_without_operator_autoscaling() -> None:
+    apis = ClusterApis(hpa_version="autoscaling/v2beta2")
+    fixed, _ = parse_spec({"model": {"source": "/m"}})
+    external, _ = parse_spec(
+        {"model": {"source": "/m"}, "autoscaling": {"maxReplicas": 2, "controller": "External"}}
+    )
+    hpa, _ = parse_spec(
+        {"model": {"source": "/m"}, "autoscaling": {"maxReplicas": 2, "targetWaitingRequests": 1}}
+    )
+    gone = [("autoscaling/v2beta2", "HorizontalPodAutoscaler")]
+    assert obsolete_children(fixed, apis) == gone
+    assert obsolete_children(external, apis) == gone
+    assert obsolete_children(hpa, apis) == []
+
+
+@pytest.mark.parametrize("sample", [p.name for p in SAMPLES])
+def test_children_valid_for_current_kubernetes(sample: str) -> None:
+    for child in render(owner(sample)).values():
+        kubernetes_validate.validate(child, K8S_SCHEMA_VERSION, strict=True)
+
+
+def test_invalid_child_is_caught_by_validation(hf_owner: dict[str, Any]) -> None:
+    deployment = render(hf_owner)["Deployment"]
+    deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "http"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_SCHEMA_VERSION, strict=True)

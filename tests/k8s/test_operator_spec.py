@@ -1,0 +1,134 @@
+"""The spec checks the CRD schema cannot make, and the defaults both sides share."""
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from k8s.support import crd_schema, load_sample
+from kvserve.operator.spec import (
+    InvalidSpec,
+    LLMDeploymentSpec,
+    ModelSource,
+    parse_model_source,
+    parse_spec,
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("hf://Qwen/Qwen2.5-0.5B-Instruct", ModelSource("hf", "Qwen/Qwen2.5-0.5B-Instruct")),
+        ("hf://gpt2", ModelSource("hf", "gpt2")),
+        ("pvc://models/llama/8b", ModelSource("pvc", "models", "llama/8b")),
+        ("pvc://models", ModelSource("pvc", "models", "")),
+        ("/opt/kvserve/models/demo", ModelSource("image", "/opt/kvserve/models/demo")),
+    ],
+)
+def test_model_sources(source: str, expected: ModelSource) -> None:
+    assert parse_model_source(source) == expected
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            "s3://bucket/model",
+            "model.source 's3://bucket/model': unknown scheme 's3' (use hf://, pvc:// "
+            "or an absolute path inside the image)",
+        ),
+        ("hf://org/name/extra", "model.source 'hf://org/name/extra': expected hf://org/name"),
+        ("hf://../x", "model.source 'hf://../x': expected hf://org/name"),
+        ("pvc://Bad_Claim/x", "model.source 'pvc://Bad_Claim/x': expected pvc://claim/path"),
+        ("pvc://claim/../etc", "model.source 'pvc://claim/../etc': expected pvc://claim/path"),
+        (
+            "models/qwen",
+            "model.source 'models/qwen' is neither hf://org/name, pvc://claim/path "
+            "nor an absolute path inside the image",
+        ),
+    ],
+)
+def test_bad_model_sources(source: str, message: str) -> None:
+    with pytest.raises(InvalidSpec) as e:
+        parse_model_source(source)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"model": {"source": "/m"}, "autoscaling": {"minReplicas": 5, "maxReplicas": 2,
+                                                        "targetWaitingRequests": 3}},
+            "autoscaling.minReplicas (5) is greater than autoscaling.maxReplicas (2)",
+        ),
+        (
+            {"model": {"source": "/m"}, "autoscaling": {"maxReplicas": 2}},
+            "autoscaling needs targetWaitingRequests and/or targetKVCacheUsage",
+        ),
+        (
+            {"model": {"source": "/m"}, "engine": {"tensorParallelSize": 2},
+             "resources": {"gpus": 1}},
+            "engine.tensorParallelSize 2 needs at least 2 GPUs, not 1",
+        ),
+        ({"replicas": 1}, "spec.model: Field required"),
+    ],
+)  # fmt: skip
+def test_invalid_specs(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidSpec) as e:
+        parse_spec(spec)
+    assert str(e.value) == message
+
+
+def test_external_autoscaler_needs_no_target() -> None:
+    spec, _ = parse_spec(
+        {"model": {"source": "/m"}, "autoscaling": {"maxReplicas": 3, "controller": "External"}}
+    )
+    assert spec.autoscaling is not None and spec.autoscaling.controller == "External"
+
+
+def test_sample_parses_to_its_fields() -> None:
+    spec, source = parse_spec(load_sample("hf-gpu-autoscaled.yaml")["spec"])
+    assert source == ModelSource("hf", "Qwen/Qwen2.5-0.5B-Instruct")
+    assert spec.autoscaling is not None
+    assert (spec.autoscaling.min_replicas, spec.autoscaling.max_replicas) == (1, 4)
+    assert spec.autoscaling.target_kv_cache_usage == 0.8
+    assert spec.engine.max_num_batched_tokens == 4096
+    assert spec.drain.timeout_seconds == 120
+
+
+def _defaults(model: type[BaseModel], schema: dict[str, Any], path: str) -> list[tuple]:
+    """(path, CRD default, pydantic default) for every property that has a CRD default."""
+    pairs = []
+    fields = {f.alias or name: f for name, f in model.model_fields.items()}
+    for prop, sub in schema.get("properties", {}).items():
+        field = fields[prop]
+        if "default" in sub and sub["default"] != {}:
+            pairs.append((f"{path}.{prop}", sub["default"], field.get_default()))
+        inner = field.annotation
+        args = getattr(inner, "__args__", ())
+        nested = next(
+            (a for a in (inner, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None
+        )
+        if nested is not None and sub.get("type") == "object":
+            pairs += _defaults(nested, sub, f"{path}.{prop}")
+    return pairs
+
+
+def test_crd_defaults_equal_the_operators() -> None:
+    pairs = _defaults(LLMDeploymentSpec, crd_schema()["properties"]["spec"], "spec")
+    assert {p for p, _, _ in pairs} == {
+        "spec.model.hubTokenSecret.key",
+        "spec.replicas",
+        "spec.autoscaling.minReplicas",
+        "spec.autoscaling.scaleDownStabilizationSeconds",
+        "spec.autoscaling.controller",
+        "spec.apiKeySecret.key",
+        "spec.resources.gpus",
+        "spec.resources.gpuResource",
+        "spec.engine.dtype",
+        "spec.engine.enablePrefixCaching",
+        "spec.engine.tensorParallelSize",
+        "spec.drain.timeoutSeconds",
+    }
+    assert [(p, crd) for p, crd, _ in pairs] == [(p, ours) for p, _, ours in pairs]
