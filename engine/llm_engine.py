@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.detokenizer import Detokenizer
+from kvserve.engine.device_copy import to_device
 from kvserve.engine.kv_cache_manager import KVCacheManager
 from kvserve.engine.model_runner import ModelRunner, prompt_logprob_spans
 from kvserve.engine.models.model_config import ModelConfig
@@ -149,7 +150,7 @@ class LLMEngine:
             if len(request.prompt_logprobs) != span.start + 1:
                 continue  # recomputed after a preemption: already recorded
             targets = request.prompt_token_ids[span.start + 1 : span.stop + 1]
-            target_ids = torch.tensor(targets, device=logits.device)
+            target_ids = to_device(targets, logits.device, torch.long)
             num_top = [request.params.prompt_logprobs or 0] * len(span)
             request.prompt_logprobs.extend(logprobs_of(rows, target_ids, num_top))
 

@@ -11,7 +11,7 @@ from kvserve.engine.attention.triton_kernels import paged_attention_kernel, stor
 
 MIN_DOT = 16  # tl.dot needs every dimension >= 16 on a GPU
 PREFILL_BLOCK_M = 64
-BLOCK_N = 64
+BLOCK_N = 32
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class AttentionLaunch:
 
     group: int
     group_pad: int
+    head_dim: int
     head_pad: int
     block_q: int
     block_n: int
@@ -32,13 +33,28 @@ class AttentionLaunch:
     def block_m(self) -> int:
         return self.block_q * self.group_pad
 
+    def constants(self, block_size: int, dtype: torch.dtype) -> dict[str, int | str]:
+        """The kernel's compile-time arguments for caches of ``block_size`` in ``dtype``."""
+        return dict(
+            BLOCK_SIZE=block_size,
+            GROUP=self.group,
+            GROUP_PAD=self.group_pad,
+            HEAD_DIM=self.head_dim,
+            HEAD_PAD=self.head_pad,
+            BLOCK_Q=self.block_q,
+            BLOCK_N=self.block_n,
+            DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        )
+
 
 def attention_launch(
     num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int, max_query_len: int
 ) -> AttentionLaunch:
     """Decode-only batches (``max_query_len == 1``) get the smallest row tile, 16 rows,
     filled with the GQA group; batches with prefill chunks get 64 rows, several tokens each.
-    Depends on host integers only, so a decode launch has a fixed grid for a CUDA graph."""
+    Key tiles of 32 and 8 warps for the larger tiles keep every supported shape within the
+    registers on sm_90 (tests/test_triton_compile.py). Depends on host integers only, so a
+    decode launch has a fixed grid for a CUDA graph."""
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     group = num_heads // num_kv_heads
@@ -46,9 +62,20 @@ def attention_launch(
     block_m = max(MIN_DOT if max_query_len == 1 else PREFILL_BLOCK_M, group_pad)
     block_q = block_m // group_pad
     head_pad = max(MIN_DOT, triton.next_power_of_2(head_dim))
-    num_warps = 8 if block_m * head_pad > 64 * 64 else 4
+    num_warps = 8 if head_pad >= 128 or block_m >= PREFILL_BLOCK_M else 4
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
-    return AttentionLaunch(group, group_pad, head_pad, block_q, BLOCK_N, num_warps, grid)
+    return AttentionLaunch(group, group_pad, head_dim, head_pad, block_q, BLOCK_N, num_warps, grid)
+
+
+def store_kv_constants(block_size: int, num_kv_heads: int, head_dim: int) -> dict[str, int]:
+    """``store_kv_kernel``'s compile-time arguments."""
+    return dict(
+        BLOCK_SIZE=block_size,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+        HEAD_PAD=triton.next_power_of_2(head_dim),
+    )
 
 
 class TritonAttention(AttentionBackend):
@@ -75,11 +102,7 @@ class TritonAttention(AttentionBackend):
             key_cache.stride(0),
             key_cache.stride(1),
             key_cache.stride(2),
-            BLOCK_SIZE=key_cache.shape[1],
-            NUM_KV_HEADS=num_kv_heads,
-            HEAD_DIM=head_dim,
-            HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-            HEAD_PAD=triton.next_power_of_2(head_dim),
+            **store_kv_constants(key_cache.shape[1], num_kv_heads, head_dim),
         )
 
     def attend(self, query, key_cache, value_cache, meta: AttentionMetadata, scale):
@@ -108,14 +131,7 @@ class TritonAttention(AttentionBackend):
             key_cache.stride(1),
             key_cache.stride(2),
             meta.block_tables.stride(0),
-            BLOCK_SIZE=key_cache.shape[1],
-            GROUP=launch.group,
-            GROUP_PAD=launch.group_pad,
-            HEAD_DIM=head_dim,
-            HEAD_PAD=launch.head_pad,
-            BLOCK_Q=launch.block_q,
-            BLOCK_N=launch.block_n,
-            DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            **launch.constants(key_cache.shape[1], query.dtype),
             num_warps=launch.num_warps,
         )
         return out

@@ -1,0 +1,67 @@
+"""Compile the Triton kernels for sm_90 (H100/H200) without a GPU and report the
+assembler's register and spill counts.
+
+    python tests/sm90_compile.py < JOBS.json   → one JSON report per job on stdout
+
+A job is ``{"kernel": name in triton_kernels, "dtype": "bf16"|"fp16"|"fp32", "constants":
+{...}, "num_warps": n}``. It runs in a process of its own: Triton must not be in
+interpreter mode, which the CPU test session turns on.
+"""
+
+import contextlib
+import io
+import json
+import re
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kvserve.engine.attention import triton_kernels
+
+HOPPER = GPUTarget("cuda", 90, 32)
+INDEX_POINTERS = {
+    "block_tables_ptr": "*i32",
+    "query_start_loc_ptr": "*i32",
+    "seq_lens_ptr": "*i32",
+    "slot_mapping_ptr": "*i64",
+}
+
+
+def report(kernel: str, dtype: str, constants: dict, num_warps: int) -> dict[str, int]:
+    """Tensors in ``dtype``, int32 strides and sizes, fp32 scale."""
+    fn = getattr(triton_kernels, kernel)
+    signature = {}
+    for name in fn.arg_names:
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = INDEX_POINTERS.get(name, f"*{dtype}")
+        else:
+            signature[name] = "fp32" if name == "scale" else "i32"
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        source = ASTSource(fn, signature, constexprs=constants)
+        triton.compile(source, target=HOPPER, options=dict(num_warps=num_warps))
+    text = log.getvalue()
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    registers = re.search(r"Used (\d+) registers", text)
+    if spills is None or registers is None:
+        raise RuntimeError(f"no assembler report for {kernel}: {text!r}")
+    return {
+        "registers": int(registers[1]),
+        "spill_stores": int(spills[1]),
+        "spill_loads": int(spills[2]),
+    }
+
+
+def main() -> None:
+    triton.knobs.compilation.always_compile = True
+    triton.knobs.nvidia.dump_ptxas_log = True
+    jobs = json.load(sys.stdin)
+    json.dump([report(**job) for job in jobs], sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

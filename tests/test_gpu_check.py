@@ -1,0 +1,115 @@
+"""benchmarks/gpu_check.py on the CPU: its arithmetic, its workload, and its measuring
+harness run end to end on a tiny checkpoint that it writes itself."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.llm_engine import LLMEngine
+
+from reference import assert_greedy_match, hf_greedy
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_check)
+
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+
+
+def test_help_and_refusal_without_cuda(capsys):
+    with pytest.raises(SystemExit) as shown:
+        gpu_check.parse_args(["--help"])
+    assert shown.value.code == 0
+    assert "--requests REQUESTS" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert gpu_check.main([]) == 2
+        assert capsys.readouterr().err == "gpu_check: no CUDA device here; nothing was run\n"
+
+
+def test_llama3_8b_facts():
+    facts = gpu_check.ModelFacts.of(gpu_check.llama3_8b_config(), torch.bfloat16)
+    assert facts.num_params == 8_030_261_248
+    assert facts.embedding_params == facts.head_params == 128256 * 4096
+    assert facts.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
+    assert facts.decode_weight_bytes == (8_030_261_248 - 525_336_576) * 2
+    assert facts.token_matmul_params == 8_030_261_248 - 2 * 525_336_576
+
+
+def test_floors():
+    facts = gpu_check.ModelFacts(
+        num_params=1000, embedding_params=100, head_params=100, kv_bytes_per_token=8, dtype_bytes=2
+    )
+    # (900 weights * 2 bytes + 50 tokens * 8 bytes) / 2 GB/s = 1.1 µs
+    assert gpu_check.decode_floor_ms(facts, 50, 2.0) == pytest.approx(1.1e-3)
+    # 1.6 TFLOP/s over 2 * 800 flops per token
+    assert gpu_check.prefill_floor_tokens_per_s(facts, 1.6) == pytest.approx(1e9)
+
+
+def test_workload_is_seeded_and_in_range():
+    workload = gpu_check.Workload.random(50, 100, 1024, 128256, seed=3)
+    assert workload == gpu_check.Workload.random(50, 100, 1024, 128256, seed=3)
+    assert workload != gpu_check.Workload.random(50, 100, 1024, 128256, seed=4)
+    assert all(100 <= len(p) <= 1024 for p in workload.prompts)
+    assert all(100 <= n <= 1024 for n in workload.max_tokens)
+    assert all(2 <= t < 128256 for p in workload.prompts for t in p)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpu-check-tiny")
+    config = gpu_check.llama3_8b_config(**TINY)
+    gpu_check.save_random_checkpoint(path, config, torch.float32, torch.device("cpu"))
+    return path
+
+
+@pytest.fixture
+def engine(tiny_checkpoint):
+    config = EngineConfig(
+        model=str(tiny_checkpoint),
+        dtype="float32",
+        device="cpu",
+        max_num_batched_tokens=64,
+        num_kv_blocks=64,
+    )
+    return LLMEngine(config)
+
+
+def test_decode_and_prefill_measurements(engine):
+    decode = gpu_check.measure_decode(engine, batch=2, prompt_len=8, steps=3, seed=0)
+    # both prompts prefill in one step and sample a token: 9, 10, 11 tokens each when timed
+    assert decode["context_tokens"] == 20
+    assert decode["step_ms"] > 0
+    assert not engine.has_unfinished_requests()
+    assert gpu_check.measure_prefill(engine, num=3, length=10, seed=0) > 0
+    assert not engine.has_unfinished_requests()
+
+
+def test_end_to_end_runners_give_greedy_outputs(engine, tiny_checkpoint):
+    """Both runners return each request's own number of greedy tokens."""
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    workload = gpu_check.Workload.random(4, 3, 12, TINY["vocab_size"], seed=1)
+    ours, wall = gpu_check.run_kvserve(engine, workload)
+    assert wall > 0
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    cb_config = ContinuousBatchingConfig(page_size=16, num_blocks=16, max_batch_tokens=64)
+    theirs, wall = gpu_check.run_transformers(model, workload, cb_config)
+    assert wall > 0
+    path = str(tiny_checkpoint)
+    for prompt, n, a, b in zip(workload.prompts, workload.max_tokens, ours, theirs, strict=True):
+        expected = hf_greedy(path, prompt, n)
+        assert_greedy_match(path, prompt, expected, a)
+        assert_greedy_match(path, prompt, expected, b)
