@@ -33,7 +33,7 @@ def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
     add("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     add("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    add("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
+    add("--attention-backend", choices=["auto", "torch", "cpu", "triton"], default="auto")
     add("--max-model-len", type=int, default=None)
     add("--max-num-seqs", type=int, default=64)
     add("--max-num-batched-tokens", type=int, default=2048)

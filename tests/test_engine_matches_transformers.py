@@ -22,6 +22,9 @@ SCENARIOS = {
     "prefix-cache-preemption": dict(
         num_kv_blocks=40, max_num_batched_tokens=64, enable_prefix_caching=True
     ),
+    "torch-attention-preemption": dict(
+        num_kv_blocks=40, max_num_batched_tokens=64, attention_backend="torch"
+    ),
 }
 
 

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from kvserve import SamplingParams
+from kvserve.engine.attention import cpu_backend
 from kvserve.engine.attention.backend import select_backend
+from kvserve.engine.attention.cpu_backend import CPUAttention
 from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.attention.torch_backend import TorchAttention
 from kvserve.engine.attention.triton_backend import (
@@ -113,16 +115,15 @@ def make_batch(
     )
 
 
-def check_attention(batch: Batch, seed: int) -> None:
-    """Stores the new tokens through the torch path, then compares the Triton attention
-    with the torch path run in fp32 on the same (upcast) values."""
+def check_attention(batch: Batch, seed: int, backend: type = TritonAttention) -> None:
+    """Stores the new tokens through the torch path, then compares ``backend``'s attention
+    (Triton's, or the CPU decode kernel's) with the torch path run in fp32 on the same
+    (upcast) values."""
     TorchAttention().store_kv(
         batch.key, batch.value, batch.key_cache, batch.value_cache, batch.meta.slot_mapping
     )
     scale = batch.query.shape[-1] ** -0.5
-    out = TritonAttention().attend(
-        batch.query, batch.key_cache, batch.value_cache, batch.meta, scale
-    )
+    out = backend().attend(batch.query, batch.key_cache, batch.value_cache, batch.meta, scale)
     reference = TorchAttention().attend(
         batch.query.float(), batch.key_cache.float(), batch.value_cache.float(), batch.meta, scale
     )
@@ -141,10 +142,11 @@ MIXED_SEQ_LENS = [37, 70, 75, 16, 50, 41]
 MIXED_SHARED = {4: (2, 2), 5: (4, 1)}
 
 
+@pytest.mark.parametrize("backend", [TritonAttention, CPUAttention], ids=["triton", "cpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("gqa", [1, 2, 4])
-def test_mixed_batch_matches_torch(seed, gqa, head_dim, dtype):
+def test_mixed_batch_matches_torch(seed, gqa, head_dim, dtype, backend):
     batch = make_batch(
         MIXED_QUERY_LENS,
         MIXED_SEQ_LENS,
@@ -154,7 +156,7 @@ def test_mixed_batch_matches_torch(seed, gqa, head_dim, dtype):
         dtype=dtype,
         shared=MIXED_SHARED,
     )
-    check_attention(batch, seed)
+    check_attention(batch, seed, backend)
 
 
 @pytest.mark.parametrize("gqa", [1, 4])
@@ -171,9 +173,10 @@ def test_mixed_batch_fp16_matches_torch(seed, gqa):
     check_attention(batch, seed)
 
 
+@pytest.mark.parametrize("backend", [TritonAttention, CPUAttention], ids=["triton", "cpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("gqa", [1, 2, 4])
-def test_decode_batch_matches_torch(seed, gqa, dtype):
+def test_decode_batch_matches_torch(seed, gqa, dtype, backend):
     """The CUDA-graph shape: every sequence decodes; contexts from 1 token to several key
     tiles, three sequences reading the same first blocks."""
     batch = make_batch(
@@ -185,14 +188,15 @@ def test_decode_batch_matches_torch(seed, gqa, dtype):
         dtype=dtype,
         shared={3: (2, 3), 4: (2, 5), 5: (2, 8)},
     )
-    check_attention(batch, seed)
+    check_attention(batch, seed, backend)
 
 
+@pytest.mark.parametrize("backend", [TritonAttention, CPUAttention], ids=["triton", "cpu"])
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "block_size"),
     [(6, 2, 48, 5), (7, 1, 32, 1), (2, 2, 16, 32)],
 )
-def test_uncommon_shapes_match_torch(seed, num_heads, num_kv_heads, head_dim, block_size):
+def test_uncommon_shapes_match_torch(seed, num_heads, num_kv_heads, head_dim, block_size, backend):
     """GQA groups and head sizes that are not powers of two, tiny head sizes, and block
     sizes other than 16 go through the same masks."""
     batch = make_batch(
@@ -205,7 +209,7 @@ def test_uncommon_shapes_match_torch(seed, num_heads, num_kv_heads, head_dim, bl
         block_size=block_size,
         shared={2: (0, 30 // block_size)},
     )
-    check_attention(batch, seed)
+    check_attention(batch, seed, backend)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -261,7 +265,8 @@ def test_launch_rejects_uneven_gqa():
 @pytest.mark.parametrize(
     ("device", "choice", "expected"),
     [
-        ("cpu", "auto", "torch"),
+        ("cpu", "auto", "cpu"),
+        ("cpu", "cpu", "cpu"),
         ("cuda", "auto", "triton"),
         ("cpu", "triton", "triton"),
         ("cuda", "torch", "torch"),
@@ -272,14 +277,25 @@ def test_launch_rejects_uneven_gqa():
 def test_select_backend(device, choice, expected):
     backend = select_backend(torch.device(device), choice)
     assert backend.name == expected
-    assert type(backend) is {"torch": TorchAttention, "triton": TritonAttention}[expected]
+    classes = {"torch": TorchAttention, "cpu": CPUAttention, "triton": TritonAttention}
+    assert type(backend) is classes[expected]
+
+
+def test_select_backend_without_a_c_compiler_takes_torch(monkeypatch):
+    monkeypatch.setattr(cpu_backend, "available", lambda: False)
+    assert type(select_backend(torch.device("cpu"))) is TorchAttention
+
+
+def test_cpu_backend_refuses_cuda():
+    with pytest.raises(ValueError, match="the cpu attention backend runs on the CPU only"):
+        select_backend(torch.device("cuda"), "cpu")
 
 
 def test_select_backend_rejects_unknown_choice():
     with pytest.raises(ValueError) as error:
         select_backend(torch.device("cpu"), "flash")
     assert str(error.value) == (
-        "attention backend must be one of ('auto', 'torch', 'triton'), got 'flash'"
+        "attention backend must be one of ('auto', 'torch', 'cpu', 'triton'), got 'flash'"
     )
 
 

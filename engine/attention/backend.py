@@ -41,19 +41,30 @@ class AttentionBackend(ABC):
         sequence's cached context; returns ``[num_tokens, num_heads, head_dim]``."""
 
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 def select_backend(device: torch.device, choice: str = "auto") -> AttentionBackend:
-    """Triton on CUDA, torch elsewhere; ``choice`` overrides (``torch`` or ``triton``)."""
+    """Triton on CUDA; on a CPU the C decode kernel when a C compiler is there, else
+    plain torch (the reference). ``choice`` overrides: ``torch``, ``cpu`` or ``triton``."""
     if choice not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {choice!r}")
     if choice == "auto":
-        choice = "triton" if device.type == "cuda" else "torch"
+        from kvserve.engine.attention import cpu_backend
+
+        choice = "triton" if device.type == "cuda" else "cpu"
+        if choice == "cpu" and not cpu_backend.available():
+            choice = "torch"
     if choice == "triton":
         from kvserve.engine.attention.triton_backend import TritonAttention
 
         return TritonAttention()
+    if choice == "cpu":
+        from kvserve.engine.attention.cpu_backend import CPUAttention
+
+        if device.type != "cpu":
+            raise ValueError("the cpu attention backend runs on the CPU only")
+        return CPUAttention()
     from kvserve.engine.attention.torch_backend import TorchAttention
 
     return TorchAttention()
