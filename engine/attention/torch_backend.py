@@ -29,12 +29,15 @@ class TorchAttention(AttentionBackend):
         value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
     def attend(self, query, key_cache, value_cache, meta: AttentionMetadata, scale):
+        decodes = [i for i, q in enumerate(meta.query_lens_host) if q == 1]
+        if len(decodes) == meta.num_seqs:
+            return self._decode(query, key_cache, value_cache, meta, decodes, scale)
         out = torch.empty_like(query)
         starts = [0, *accumulate(meta.query_lens_host)]
-        decodes = [i for i, q in enumerate(meta.query_lens_host) if q == 1]
         if decodes:
-            rows = torch.tensor([starts[i] for i in decodes])
-            out[rows] = self._decode(query[rows], key_cache, value_cache, meta, decodes, scale)
+            rows = torch.tensor([starts[i] for i in decodes], device=query.device)
+            decoded = self._decode(query[rows], key_cache, value_cache, meta, decodes, scale)
+            out.index_copy_(0, rows, decoded)
         for i, q_len in enumerate(meta.query_lens_host):
             if q_len > 1:
                 rows = slice(starts[i], starts[i + 1])
