@@ -18,7 +18,8 @@ DEFAULT_CPU_KV_CACHE_GB = 4.0
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine is built from. ``num_kv_blocks`` wins over the KV
-    memory budget (``kv_cache_memory_gb``; on CUDA, ``gpu_memory_utilization``).
+    memory budget (``kv_cache_memory_gb``; on CUDA, ``gpu_memory_utilization``; on a
+    CPU by default, ``max_num_seqs`` full contexts, at most DEFAULT_CPU_KV_CACHE_GB).
     ``enforce_eager`` turns off the CUDA graphs that replay decode steps."""
 
     model: str

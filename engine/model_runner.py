@@ -100,11 +100,15 @@ class ModelRunner:
             return cuda_kv_cache_blocks(
                 self.model, self.config, max_model_len, self.block_bytes, self.dtype, self.device
             )
-        budget_gb = self.config.kv_cache_memory_gb or DEFAULT_CPU_KV_CACHE_GB
-        blocks = int(budget_gb * 2**30) // self.block_bytes
-        if blocks < 1:
-            raise ValueError(f"a KV budget of {budget_gb:.3f} GiB holds no block")
-        return blocks
+        if self.config.kv_cache_memory_gb is not None:
+            budget_gb = self.config.kv_cache_memory_gb
+            blocks = int(budget_gb * 2**30) // self.block_bytes
+            if blocks < 1:
+                raise ValueError(f"a KV budget of {budget_gb:.3f} GiB holds no block")
+            return blocks
+        # CPU default: what max_num_seqs full contexts need, within DEFAULT_CPU_KV_CACHE_GB
+        full_contexts = self.config.max_num_seqs * -(-max_model_len // self.block_size)
+        return min(full_contexts, int(DEFAULT_CPU_KV_CACHE_GB * 2**30) // self.block_bytes)
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         bs = self.block_size

@@ -93,3 +93,11 @@ def test_invalid_settings_name_the_setting(checkpoint):
         LLM(str(checkpoint("llama")), max_model_len=4096)
     with pytest.raises(ValueError, match="invalid top_p: 0"):
         SamplingParams(top_p=0)
+
+
+def test_cpu_kv_cache_defaults_to_max_num_seqs_full_contexts(checkpoint):
+    llm = LLM(str(checkpoint("llama")), max_num_seqs=3, block_size=16, max_model_len=100)
+    assert llm.engine.runner.num_blocks == 3 * 7  # ceil(100 / 16) blocks per full context
+    budget = LLM(str(checkpoint("llama")), kv_cache_memory_gb=1 / 1024, block_size=16)
+    # 2 layers x 2 (k, v) x 2 kv heads x 16 dims x 4 bytes = 512 bytes per token
+    assert budget.engine.runner.num_blocks == 2**20 // (512 * 16)
