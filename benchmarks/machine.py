@@ -1,0 +1,53 @@
+"""Facts about this machine, measured in the benchmark's own run: memory bandwidth, matmul
+rate, and a description (CPU model, cores, load) for the results file."""
+
+import os
+import platform
+import time
+
+import torch
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 8) -> float:
+    """Best bytes moved per second (read + written) copying a `nbytes` tensor into another."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / _best_seconds(lambda: dst.copy_(src), repeats) / 1e9
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """Best rate of an n×n by n×n matrix product in `dtype`."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    return 2 * n**3 / _best_seconds(lambda: torch.mm(a, b), repeats) / 1e9
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def describe() -> str:
+    import transformers
+
+    return (
+        f"{cpu_model()}, {os.cpu_count()} CPUs (nproc), torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, python {platform.python_version()}"
+    )

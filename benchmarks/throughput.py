@@ -1,0 +1,285 @@
+"""Offline throughput of kvserve against transformers and vLLM on one random-weight model.
+
+    python benchmarks/throughput.py [--dtype bf16 fp32] [--vllm VLLM_PYTHON] [--quick]
+
+Workload: 64 requests, prompt lengths uniform in 32–512 (seeded random token ids, the same
+for every engine), 128 output tokens each, greedy, EOS ignored, prefix caching off. Each
+engine runs in a process of its own; the table goes to stdout and to --out. See README.md.
+"""
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from checkpoint import Checkpoint, build_checkpoint
+from machine import copy_bandwidth_gbs, describe, load_average, matmul_gflops
+
+HERE = Path(__file__).resolve().parent
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+ENGINES = {
+    "kvserve": "kvserve `LLM.generate`",
+    "vllm": "vLLM `LLM.generate`",
+    "hf_static": "transformers `generate`, static batches",
+    "hf_continuous": "transformers `generate_batch` (continuous batching)",
+    "hf_single": "transformers `generate`, one request at a time",
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[list[int]]
+    max_tokens: int
+
+    @classmethod
+    def random(cls, n: int, min_len: int, max_len: int, max_tokens: int, seed: int) -> "Workload":
+        rng = random.Random(seed)
+        lengths = [rng.randint(min_len, max_len) for _ in range(n)]
+        # Ids 0 and 1 are the checkpoint's EOS and BOS: prompts use neither.
+        return cls([[rng.randint(2, 31999) for _ in range(k)] for k in lengths], max_tokens)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--dtype", nargs="+", choices=sorted(DTYPES), default=["bf16", "fp32"])
+    p.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES))
+    p.add_argument("--vllm", metavar="PYTHON", help="python of vLLM's own venv (else skipped)")
+    p.add_argument("--vllm-threads-bind", default=f"0-{os.cpu_count() - 1}")
+    p.add_argument("--vllm-kvcache-gib", default="4")
+    p.add_argument("--quick", action="store_true", help="8 requests, 16 output tokens")
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--min-prompt", type=int, default=32)
+    p.add_argument("--max-prompt", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=16, help="static batches' size")
+    p.add_argument(
+        "--single-requests",
+        type=int,
+        help="run the one-at-a-time baseline on only the first N requests (it is the slowest)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per engine run")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "latest.md")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.requests, args.max_tokens = 8, 16
+    if "vllm" in args.engines and not args.vllm:
+        args.engines.remove("vllm")
+    return args
+
+
+def run_engine(
+    engine: str, spec: dict[str, Any], args: argparse.Namespace, workdir: Path
+) -> dict[str, Any]:
+    """Run one engine in its own process; its result, or {"error": ...} if it failed."""
+    spec_path, result_path = workdir / f"{engine}.json", workdir / f"{engine}.result.json"
+    log_path = workdir / f"{engine}.log"
+    spec_path.write_text(json.dumps(spec))
+    python = args.vllm if engine == "vllm" else sys.executable
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if engine == "vllm":
+        env |= {
+            "VLLM_CPU_OMP_THREADS_BIND": args.vllm_threads_bind,
+            "VLLM_CPU_KVCACHE_SPACE": args.vllm_kvcache_gib,
+        }
+    command = [python, str(HERE / "runners.py"), str(spec_path), str(result_path)]
+    with open(log_path, "w") as log:
+        try:
+            subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                           timeout=args.timeout, check=True)  # fmt: skip
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+            tail = log_path.read_text().strip().splitlines()[-15:]
+            print(f"  {engine} failed ({e}); log tail:", *tail, sep="\n    ", file=sys.stderr)
+            return {"error": type(e).__name__}
+    return json.loads(result_path.read_text())
+
+
+def prepare_dtype(
+    dtype: str, workload: Workload, args: argparse.Namespace, workdir: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checkpoint, the floors' measurements and the runners' spec for one dtype."""
+    ckpt = build_checkpoint(workdir / f"model-{dtype}", DTYPES[dtype], seed=args.seed)
+    rng = random.Random(args.seed + 1)
+    spec = {
+        "model": str(ckpt.directory),
+        "dtype": {"bf16": "bfloat16", "fp32": "float32"}[dtype],
+        "prompts": workload.prompts,
+        "max_tokens": workload.max_tokens,
+        "warmup_prompts": [[rng.randint(2, 31999) for _ in range(n)] for n in (40, 90, 200)],
+        "single_prompt": [rng.randint(2, 31999) for _ in range(128)],
+        "decode_steps": 32,
+        "batch_size": args.batch_size,
+        "max_model_len": 1024,
+    }
+    run = {
+        "checkpoint": ckpt,
+        "results": {},
+        "bandwidth_gbs": copy_bandwidth_gbs(),
+        "gflops": matmul_gflops(DTYPES[dtype]),
+    }
+    return run, spec
+
+
+def run_one(
+    engine: str, dtype: str, spec: dict[str, Any], args: argparse.Namespace, workdir: Path
+) -> dict[str, Any]:
+    """One engine's run in one dtype, with the load average when it ended."""
+    if engine == "hf_single" and args.single_requests:
+        spec = spec | {"prompts": spec["prompts"][: args.single_requests]}
+    print(f"[{dtype}] {engine} ...", file=sys.stderr, flush=True)
+    result = run_engine(engine, spec | {"engine": engine}, args, workdir / dtype)
+    result["load"] = os.getloadavg()[0]
+    if "wall_s" in result:
+        rate = result["output_tokens"] / result["wall_s"]
+        print(f"  {result['wall_s']:.1f} s, {rate:.1f} out tok/s", file=sys.stderr, flush=True)
+    return result
+
+
+def engine_table(dtype: str, run: dict[str, Any]) -> list[str]:
+    results = run["results"]
+    ref_name = next((e for e in ("kvserve", "hf_single") if "outputs" in results.get(e, {})), None)
+    ref = results[ref_name] if ref_name else None
+    kv = results.get("kvserve", {})
+    kv_rate = kv["output_tokens"] / kv["wall_s"] if "wall_s" in kv else None
+    lines = [
+        f"| {dtype}: engine | requests | wall s | out tok/s | kvserve ÷ it "
+        f"| same tokens as {ref_name or '—'} | load after |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for engine, r in results.items():
+        if "error" in r:
+            lines.append(
+                f"| {ENGINES[engine]} | — | failed: {r['error']} | — | — | — | {r['load']:.1f} |"
+            )
+            continue
+        rate = r["output_tokens"] / r["wall_s"]
+        ratio = f"{kv_rate / rate:.2f}×" if kv_rate else "—"
+        outputs = r["outputs"]
+        same = "—"
+        if ref:
+            pairs = list(zip(outputs, ref["outputs"], strict=False))
+            same = f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
+        lines.append(
+            f"| {ENGINES[engine]} | {len(outputs)} | {r['wall_s']:.1f} | {rate:.1f} | {ratio} "
+            f"| {same} | {r['load']:.1f} |"
+        )
+    return lines
+
+
+def floors_table(runs: dict[str, dict[str, Any]], workload: Workload) -> list[str]:
+    total_tokens = workload.prompt_tokens + len(workload.prompts) * workload.max_tokens
+    lines = [
+        "| dtype | copy GB/s | bytes read per decode step | bandwidth floor ms "
+        "| kvserve decode step ms | step ÷ floor | matmul GFLOP/s | compute floor s "
+        "| kvserve wall ÷ compute floor |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for dtype, run in runs.items():
+        ckpt: Checkpoint = run["checkpoint"]
+        bw_floor_ms = ckpt.decode_weight_bytes / (run["bandwidth_gbs"] * 1e9) * 1000
+        compute_floor_s = 2 * ckpt.num_params * total_tokens / (run["gflops"] * 1e9)
+        kv = run["results"].get("kvserve", {})
+        step = f"{kv['decode_step_ms']:.2f}" if "decode_step_ms" in kv else "—"
+        step_ratio = f"{kv['decode_step_ms'] / bw_floor_ms:.2f}" if "decode_step_ms" in kv else "—"
+        wall_ratio = f"{kv['wall_s'] / compute_floor_s:.2f}" if "wall_s" in kv else "—"
+        lines.append(
+            f"| {dtype} | {run['bandwidth_gbs']:.1f} | {ckpt.decode_weight_bytes / 1e6:.0f} MB "
+            f"| {bw_floor_ms:.2f} | {step} | {step_ratio} | {run['gflops']:.0f} "
+            f"| {compute_floor_s:.1f} | {wall_ratio} |"
+        )
+    return lines
+
+
+def report(
+    args: argparse.Namespace,
+    workload: Workload,
+    runs: dict[str, dict[str, Any]],
+    started: str,
+    load_before: str,
+) -> str:
+    vllm_version = next(
+        (
+            r["results"]["vllm"]["version"]
+            for r in runs.values()
+            if "version" in r["results"].get("vllm", {})
+        ),
+        None,
+    )
+    ckpt = next(iter(runs.values()))["checkpoint"]
+    lines = [
+        f"# Throughput: kvserve and its peers ({started})",
+        "",
+        f"Command: `python benchmarks/throughput.py {' '.join(sys.argv[1:])}`",
+        "",
+        f"Machine: {describe()}.",
+        f"Load average (1, 5, 15 min) before: {load_before}; after: {load_average()}"
+        " (the machine is shared: other load slows every engine; 'load after' is the 1-min"
+        " load average when each engine's run ended).",
+        f"vLLM: {vllm_version or 'not run'}"
+        + (f", VLLM_CPU_OMP_THREADS_BIND={args.vllm_threads_bind}" if vllm_version else "")
+        + ".",
+        "",
+        f"Workload: {len(workload.prompts)} requests, prompt lengths {args.min_prompt}–"
+        f"{args.max_prompt} (seed {args.seed}; {workload.prompt_tokens} prompt tokens), "
+        f"{workload.max_tokens} output tokens each, greedy, EOS ignored, prefix caching off; "
+        f"random Llama, {ckpt.num_params / 1e6:.1f}M parameters. Static batches: "
+        f"{args.batch_size} requests in arrival order. Wall time after a short warm-up.",
+        "",
+    ]
+    for dtype, run in runs.items():
+        lines += [*engine_table(dtype, run), ""]
+    lines += [
+        "Floors. Bandwidth floor: bytes of every weight but the input embedding ÷ measured copy "
+        "bandwidth (bytes read + written per second, copying 1 GiB). Compute floor: "
+        "2 · parameters · (prompt + output tokens) ÷ measured matmul rate (2048² products).",
+        "",
+        *floors_table(runs, workload),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = load_average()
+    workload = Workload.random(
+        args.requests, args.min_prompt, args.max_prompt, args.max_tokens, args.seed
+    )
+    runs: dict[str, dict[str, Any]] = {}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def publish() -> None:
+        args.out.write_text(report(args, workload, runs, started, load_before))
+
+    with tempfile.TemporaryDirectory(prefix="kvserve-bench-") as tmp:
+        specs = {}
+        for dtype in args.dtype:
+            (Path(tmp) / dtype).mkdir()
+            runs[dtype], specs[dtype] = prepare_dtype(dtype, workload, args, Path(tmp))
+        # Engine by engine (in --engines order), each in every dtype: a run cut short
+        # keeps the first engines' results in both dtypes.
+        for engine in args.engines:
+            for dtype in args.dtype:
+                result = run_one(engine, dtype, specs[dtype], args, Path(tmp))
+                runs[dtype]["results"][engine] = result
+                publish()
+    print(args.out.read_text())
+    print(f"written to {args.out} at {time.strftime('%H:%M:%S')}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
