@@ -101,3 +101,20 @@ def test_cpu_kv_cache_defaults_to_max_num_seqs_full_contexts(checkpoint):
     budget = LLM(str(checkpoint("llama")), kv_cache_memory_gb=1 / 1024, block_size=16)
     # 2 layers x 2 (k, v) x 2 kv heads x 16 dims x 4 bytes = 512 bytes per token
     assert budget.engine.runner.num_blocks == 2**20 // (512 * 16)
+
+
+def test_bf16_linears_are_prepacked_and_give_the_same_tokens(checkpoint, monkeypatch):
+    from kvserve.engine.models import loader
+    from kvserve.engine.models.packed_linear import PackedLinear
+
+    path = str(checkpoint("qwen2"))  # biased q/k/v projections too
+    prompts = [[5, 9, 33, 70, 12, 8], [100, 200, 300]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    packed = LLM(path, dtype="bfloat16", num_kv_blocks=16)
+    assert isinstance(packed.engine.runner.model.layers[0].self_attn.qkv_proj, PackedLinear)
+    monkeypatch.setattr(loader, "can_pack", lambda dtype, device: False)
+    plain = LLM(path, dtype="bfloat16", num_kv_blocks=16)
+    assert isinstance(plain.engine.runner.model.lm_head, torch.nn.Linear)
+    assert [o.outputs[0].token_ids for o in packed.generate(prompts, params)] == [
+        o.outputs[0].token_ids for o in plain.generate(prompts, params)
+    ]

@@ -12,6 +12,7 @@ from safetensors import safe_open
 from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
+from kvserve.engine.models.packed_linear import can_pack, pack_linears
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ def load_model(
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(missing[:5])}")
     model.rotary.build(dtype, device)
+    if can_pack(dtype, device):
+        pack_linears(model)
     return model.eval()
 
 
