@@ -1,6 +1,5 @@
 """Weights and KV tensors; one flat batch per step through the model."""
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,8 +16,6 @@ from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.request import Request
 from kvserve.engine.scheduler import SchedulerOutput
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

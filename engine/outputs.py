@@ -1,6 +1,6 @@
 """What the engine hands back for each request."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -36,4 +36,3 @@ class RequestOutput:
     first_token_time: float | None = None
     finished_time: float | None = None
     prompt_logprobs: list[Logprob | None] | None = None  # None for the first prompt token
-    extra: dict = field(default_factory=dict)

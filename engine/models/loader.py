@@ -1,7 +1,6 @@
 """Hugging Face safetensors checkpoints → a ready DecoderLM."""
 
 import json
-import logging
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,8 +12,6 @@ from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.models.packed_linear import can_pack, pack_linears
-
-log = logging.getLogger(__name__)
 
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
