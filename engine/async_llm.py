@@ -8,15 +8,18 @@ never waits on HTTP. With no unfinished request the thread sleeps on an event.
 """
 
 import asyncio
+import logging
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.llm_engine import EngineDeadError, LLMEngine
 from kvserve.engine.outputs import RequestOutput
 from kvserve.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class StepObserver(Protocol):
@@ -26,9 +29,11 @@ class StepObserver(Protocol):
 
     def on_abort(self, request_id: str) -> None: ...
 
+    def on_engine_dead(self, stats, num_failed: int) -> None: ...
 
-class EngineDeadError(RuntimeError):
-    """The step loop stopped on an exception; no request can make progress."""
+
+class RequestFailedError(RuntimeError):
+    """The engine failed this request (finish reason ``"error"``); the others go on."""
 
 
 class _Add:
@@ -97,6 +102,9 @@ class AsyncLLM:
         stream: asyncio.Queue = asyncio.Queue()
         accepted = self._loop.create_future()
         self._send(_Add(request_id, prompt, params, arrival_time, stream, accepted))
+        if self.error is not None and not accepted.done():
+            # The loop died after the check above: it may have drained the queue already.
+            accepted.set_exception(EngineDeadError(str(self.error)))
         self._num_pending += 1
         try:
             await accepted
@@ -125,6 +133,8 @@ class AsyncLLM:
                 if isinstance(item, BaseException):
                     raise EngineDeadError(str(item)) from item
                 finished = item.finished
+                if item.outputs[0].finish_reason == "error":
+                    raise RequestFailedError(f"the engine failed on request {request_id}")
                 yield item
         finally:
             if not finished:
@@ -172,7 +182,7 @@ class AsyncLLM:
                 self.engine.add_request(
                     command.request_id, command.prompt, command.params, command.arrival_time
                 )
-            except ValueError as exc:
+            except Exception as exc:  # refused (ValueError) or broken: that request only
                 self._resolve(command.accepted, exc)
                 continue
             self._streams[command.request_id] = command.stream
@@ -206,11 +216,24 @@ class AsyncLLM:
                         del self._streams[output.request_id]
                         self.num_unfinished -= 1
         except BaseException as exc:
-            self.error = exc
-            for stream in self._streams.values():
-                self._deliver(stream, exc)
-            while not self._commands.empty():
-                command = self._commands.get_nowait()
-                if isinstance(command, _Add):
-                    self._resolve(command.accepted, EngineDeadError(str(exc)))
-            raise
+            log.critical("the engine loop stopped; this server can serve no request", exc_info=exc)
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        """The loop stopped for good: health turns false at once, the observer stops
+        counting the open requests as running, then every open stream and every add still
+        queued gets the error."""
+        self.error = exc
+        adds = []
+        while not self._commands.empty():
+            command = self._commands.get_nowait()
+            if isinstance(command, _Add):
+                adds.append(command)
+        if self._observer is not None:
+            self._observer.on_engine_dead(self.engine.stats, len(self._streams) + len(adds))
+        for stream in self._streams.values():
+            self._deliver(stream, exc)
+        for command in adds:
+            self._resolve(command.accepted, EngineDeadError(str(exc)))
+        self._streams.clear()
+        self.num_unfinished = 0

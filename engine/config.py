@@ -1,10 +1,14 @@
 """Engine settings, validated once with messages that name the setting."""
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")
+"""torch dtype names; torch itself is imported only when a device or dtype is asked for, so
+the operator validates a server's settings without loading torch."""
 DTYPE_ALIASES = {
     "fp32": "float32",
     "float": "float32",
@@ -58,12 +62,14 @@ class EngineConfig:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
 
-    def torch_device(self) -> torch.device:
+    def torch_device(self) -> "torch.device":
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
-    def torch_dtype(self, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
+    def torch_dtype(self, checkpoint_dtype: str | None, device: "torch.device") -> "torch.dtype":
         """``auto`` takes the checkpoint's dtype, except float16 on a CPU (too slow
         there) which becomes bfloat16."""
         name = self.dtype
@@ -71,4 +77,6 @@ class EngineConfig:
             name = checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
             if name == "float16" and device.type == "cpu":
                 name = "bfloat16"
-        return DTYPES[name]
+        import torch
+
+        return getattr(torch, name)

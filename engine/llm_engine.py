@@ -12,13 +12,24 @@ from kvserve.engine.device_copy import to_device
 from kvserve.engine.kv_cache_manager import KVCacheManager
 from kvserve.engine.model_runner import ModelRunner, prompt_logprob_spans
 from kvserve.engine.models.model_config import ModelConfig
-from kvserve.engine.outputs import CompletionOutput, RequestOutput
+from kvserve.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from kvserve.engine.request import Request
 from kvserve.engine.sampler import Sampler, logprobs_of
 from kvserve.engine.sampling_params import SamplingParams
-from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from kvserve.engine.scheduler import (
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+    SchedulerStats,
+)
 
 log = logging.getLogger(__name__)
+# Failed model forwards in a row after which the engine gives up (the device is broken).
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+
+
+class EngineDeadError(RuntimeError):
+    """The engine cannot go on: no request can make progress."""
 
 
 class LLMEngine:
@@ -45,6 +56,7 @@ class LLMEngine:
         )
         self.sampler = Sampler(self.eos_token_ids)
         self.requests: dict[str, Request] = {}
+        self._consecutive_failures = 0
         log.info(
             "loaded %s (%s) dtype=%s device=%s kv_blocks=%d x %d tokens, max_model_len=%d",
             config.model,
@@ -89,6 +101,12 @@ class LLMEngine:
         ):
             if not all(0 <= t < vocab for t in ids):
                 raise ValueError(f"invalid {name}: token ids must be in [0, {vocab})")
+        for name, num in (
+            ("logprobs", params.logprobs),
+            ("prompt_logprobs", params.prompt_logprobs),
+        ):
+            if num is not None and num > vocab:
+                raise ValueError(f"invalid {name}: {num} (must be at most the vocabulary, {vocab})")
         request = Request(request_id, token_ids, params, text, arrival_time)
         request.detokenizer = Detokenizer(
             self.tokenizer, token_ids, params.stop, params.skip_special_tokens
@@ -124,43 +142,138 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
+        """Run one batch and sample one token per request that reached its end.
+
+        What one request's data can break stays with that request: if sampling the batch
+        raises, its rows are sampled one by one, and a request whose own sampling, prompt
+        log-probabilities, stop check or text raises finishes with reason ``"error"`` while
+        the others go on. A model forward that raises fails every request of the step.
+        Failed requests' blocks are freed at once and ``stats.num_failed_steps`` counts the
+        step. ``MAX_CONSECUTIVE_STEP_FAILURES`` failed forwards in a row raise
+        ``EngineDeadError``: then nothing can run any more.
+        """
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
+        try:
+            logits = self.runner.execute(out)
+        except Exception as exc:
+            return self._fail_step(out, exc)
+        self._consecutive_failures = 0
         sampling = out.sampling_requests
         spans = prompt_logprob_spans(out)
-        logits = self.runner.execute(out)
-        sampled = self.sampler(logits[: len(sampling)], sampling)
-        self._record_prompt_logprobs(spans, logits[len(sampling) :])
-        for request, logprob in zip(sampling, sampled.logprobs, strict=True):
+        sampled, failed = self._sample(logits[: len(sampling)], sampling)
+        failed += self._record_prompt_logprobs(spans, logits[len(sampling) :])
+        for request in failed:
+            self._fail(request)
+        kept = SchedulerOutput(
+            [(r, n) for r, n in out.scheduled if not r.is_finished], out.preempted
+        )
+        token_ids = []
+        for request in kept.sampling_requests:
+            token_id, logprob = sampled[request.request_id]
+            token_ids.append(token_id)
             if logprob is not None:
                 request.logprobs.append(logprob)
-        self.scheduler.update(out, sampled.token_ids, self.eos_token_ids)
-        for request in sampling:
-            if request.is_finished:
-                del self.requests[request.request_id]
-        return [self._output(r) for r in sampling]
+        self.scheduler.update(kept, token_ids, self.eos_token_ids)
+        outputs = [self._output(r) for r in sampling]
+        outputs += [self._output(r) for r in failed if r not in sampling]
+        finished = [r for r, _ in out.scheduled if r.is_finished]
+        for request in finished:
+            self.requests.pop(request.request_id, None)
+        if any(r.finish_reason == "error" for r in finished):
+            self.scheduler.stats.num_failed_steps += 1
+        return outputs
+
+    def _sample(
+        self, logits: torch.Tensor, requests: list[Request]
+    ) -> tuple[dict[str, tuple[int, Logprob | None]], list[Request]]:
+        """Each request's token and logprob, sampled as one batch or, if that raises, row by
+        row; and the requests whose own row raised."""
+        try:
+            out = self.sampler(logits, requests)
+            rows = zip(out.token_ids, out.logprobs, strict=True)
+            return {r.request_id: row for r, row in zip(requests, rows, strict=True)}, []
+        except Exception:
+            log.exception("sampling a batch of %d failed; sampling row by row", len(requests))
+        sampled, failed = {}, []
+        for row, request in enumerate(requests):
+            try:
+                out = self.sampler(logits[row : row + 1], [request])
+            except Exception:
+                log.exception("sampling request %s failed", request.request_id)
+                failed.append(request)
+                continue
+            sampled[request.request_id] = (out.token_ids[0], out.logprobs[0])
+        return sampled, failed
+
+    def _fail_step(self, out: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        """The forward raised: nothing in it can be trusted, so all its requests fail."""
+        self._consecutive_failures += 1
+        self.scheduler.stats.num_failed_steps += 1
+        requests = [r for r, _ in out.scheduled]
+        log.error(
+            "a step of %d requests failed (%d in a row)",
+            len(requests),
+            self._consecutive_failures,
+            exc_info=exc,
+        )
+        for request in requests:
+            self._fail(request)
+            self.requests.pop(request.request_id, None)
+        if self._consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+            raise EngineDeadError(
+                f"{self._consecutive_failures} steps in a row failed; last: {exc!r}"
+            ) from exc
+        return [self._output(r) for r in requests]
+
+    def _fail(self, request: Request) -> None:
+        """Finish ``request`` with reason ``"error"`` and free its blocks."""
+        if request.is_finished:
+            request.finish("error")
+        else:
+            self.scheduler.abort(request, "error")
 
     @staticmethod
-    def _record_prompt_logprobs(spans: list[tuple[Request, range]], logits: torch.Tensor) -> None:
-        row = 0
+    def _record_prompt_logprobs(
+        spans: list[tuple[Request, range]], logits: torch.Tensor
+    ) -> list[Request]:
+        """Append each span's prompt logprobs; returns the requests for which that raised."""
+        row, failed = 0, []
         for request, span in spans:
             rows = logits[row : row + len(span)]
             row += len(span)
             if len(request.prompt_logprobs) != span.start + 1:
                 continue  # recomputed after a preemption: already recorded
-            targets = request.prompt_token_ids[span.start + 1 : span.stop + 1]
-            target_ids = to_device(targets, logits.device, torch.long)
-            num_top = [request.params.prompt_logprobs or 0] * len(span)
-            request.prompt_logprobs.extend(logprobs_of(rows, target_ids, num_top))
+            try:
+                targets = request.prompt_token_ids[span.start + 1 : span.stop + 1]
+                target_ids = to_device(targets, logits.device, torch.long)
+                num_top = [request.params.prompt_logprobs or 0] * len(span)
+                request.prompt_logprobs.extend(logprobs_of(rows, target_ids, num_top))
+            except Exception:
+                log.exception("prompt logprobs of request %s failed", request.request_id)
+                failed.append(request)
+        return failed
 
-    def _output(self, request: Request) -> RequestOutput:
-        tokens = request.output_token_ids
+    @staticmethod
+    def _text(request: Request) -> str:
         detokenizer = request.detokenizer
         assert detokenizer is not None
+        if request.finish_reason == "error":
+            return ""
         if request.is_finished:
             detokenizer.flush()
-        text = detokenizer.output_text(request.is_finished)
+        return detokenizer.output_text(request.is_finished)
+
+    def _output(self, request: Request) -> RequestOutput:
+        """The request's output so far; a request whose text raises fails (reason "error")."""
+        try:
+            text = self._text(request)
+        except Exception:
+            log.exception("the text of request %s failed", request.request_id)
+            self._fail(request)
+            text = ""
+        tokens = request.output_token_ids
         logprobs = list(request.logprobs) if request.params.logprobs is not None else None
         completion = CompletionOutput(
             0, tokens, text, request.finish_reason, request.stop_reason, logprobs

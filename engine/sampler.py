@@ -104,7 +104,7 @@ class Sampler:
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
         device = logits.device
-        temps = to_device([p.temperature or 1.0 for p in params], device)
+        temps = to_device([1.0 if p.greedy else p.temperature for p in params], device)
         logits = self._filter(logits / temps[:, None], params)
         probs = torch.softmax(logits, dim=-1)
         noise = torch.empty_like(probs).exponential_()
@@ -120,7 +120,9 @@ class Sampler:
     def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         device, vocab = logits.device, logits.shape[1]
         if any(0 < p.top_k < vocab or p.top_p < 1 for p in params):
-            top_k = to_device([p.top_k if p.top_k > 0 else vocab for p in params], device)
+            top_k = to_device(
+                [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device
+            )
             top_p = to_device([p.top_p for p in params], device)
             sorted_logits, order = logits.sort(dim=-1, descending=True)
             ranks = torch.arange(vocab, device=device)[None, :]

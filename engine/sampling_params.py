@@ -1,15 +1,24 @@
 """Generation knobs of one request, validated once."""
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
+
+# Bounds that keep every value representable where the sampler puts it: top-k ranks in
+# int32 (larger means the whole vocabulary), seeds in what a 64-bit generator accepts
+# (negative ones as two's complement), floats finite in float32.
+MAX_TOP_K = 2**31 - 1
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
+MAX_FLOAT = 3.4028234663852886e38
+# Temperatures below this are greedy, as in vLLM: dividing logits by them overflows.
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """Immutable per-request generation settings.
 
-    ``temperature == 0`` means greedy. ``top_k <= 0`` and ``top_p == 1`` and
+    ``temperature == 0`` (or below ``GREEDY_TEMPERATURE``) means greedy. ``top_k <= 0``
+    (or at least the vocabulary size) and ``top_p == 1`` and
     ``min_p == 0`` switch those filters off. ``max_tokens=None`` lets a request
     run to the end of the model's context. A request with a ``seed`` draws from
     its own generator, so its output does not depend on what else is batched.
@@ -49,23 +58,31 @@ class SamplingParams:
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "logit_bias", dict(self.logit_bias))
         checks = {
-            "n": self.n >= 1,
-            "temperature": self.temperature >= 0,
-            "top_p": 0 < self.top_p <= 1,
-            "min_p": 0 <= self.min_p <= 1,
-            "max_tokens": self.max_tokens is None or self.max_tokens >= 1,
-            "presence_penalty": -2 <= self.presence_penalty <= 2,
-            "frequency_penalty": -2 <= self.frequency_penalty <= 2,
-            "repetition_penalty": self.repetition_penalty > 0,
-            "stop": all(isinstance(s, str) and s for s in self.stop),
-            "min_tokens": 0 <= self.min_tokens <= (self.max_tokens or self.min_tokens),
-            "logit_bias": all(math.isfinite(v) for v in self.logit_bias.values()),
-            "logprobs": self.logprobs is None or self.logprobs >= 0,
-            "prompt_logprobs": self.prompt_logprobs is None or self.prompt_logprobs >= 0,
+            "n": (self.n >= 1, ">= 1"),
+            "temperature": (0 <= self.temperature <= MAX_FLOAT, "finite and >= 0"),
+            "top_p": (0 < self.top_p <= 1, "in (0, 1]"),
+            "top_k": (-1 <= self.top_k <= MAX_TOP_K, f"in [-1, {MAX_TOP_K}]"),
+            "min_p": (0 <= self.min_p <= 1, "in [0, 1]"),
+            "seed": (self.seed is None or MIN_SEED <= self.seed <= MAX_SEED, "a 64-bit integer"),
+            "max_tokens": (self.max_tokens is None or self.max_tokens >= 1, ">= 1"),
+            "presence_penalty": (-2 <= self.presence_penalty <= 2, "in [-2, 2]"),
+            "frequency_penalty": (-2 <= self.frequency_penalty <= 2, "in [-2, 2]"),
+            "repetition_penalty": (0 < self.repetition_penalty <= MAX_FLOAT, "finite and > 0"),
+            "stop": (all(isinstance(s, str) and s for s in self.stop), "non-empty strings"),
+            "min_tokens": (
+                0 <= self.min_tokens <= (self.max_tokens or self.min_tokens),
+                "in [0, max_tokens]",
+            ),
+            "logit_bias": (
+                all(-MAX_FLOAT <= v <= MAX_FLOAT for v in self.logit_bias.values()),
+                "finite values",
+            ),
+            "logprobs": (self.logprobs is None or self.logprobs >= 0, ">= 0"),
+            "prompt_logprobs": (self.prompt_logprobs is None or self.prompt_logprobs >= 0, ">= 0"),
         }
-        for name, ok in checks.items():
+        for name, (ok, rule) in checks.items():
             if not ok:
-                raise ValueError(f"invalid {name}: {getattr(self, name)!r}")
+                raise ValueError(f"invalid {name}: {getattr(self, name)!r} (must be {rule})")
         if self.n != 1:
             raise ValueError("n > 1 is not supported by this engine yet")
 
@@ -74,4 +91,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE

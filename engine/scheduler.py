@@ -1,11 +1,14 @@
 """Which requests run this step, and how many of their tokens."""
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from kvserve.engine.kv_cache_manager import KVCacheManager
 from kvserve.engine.request import Request, RequestStatus
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class SchedulerStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    num_failed_steps: int = 0  # steps whose requests failed on an exception (engine's count)
 
 
 class Scheduler:
@@ -117,7 +121,8 @@ class Scheduler:
     def update(self, out: SchedulerOutput, sampled: list[int], eos_token_ids: set[int]) -> None:
         """Advance each scheduled request by its tokens and append the sampled
         tokens (``sampled`` follows ``out.sampling_requests``); finish and free the
-        requests that hit a stop condition."""
+        requests that hit a stop condition, and those whose stop check raised (reason
+        ``"error"``: one request's text cannot stop the others)."""
         sampling = out.sampling_requests
         for request, num_new in out.scheduled:
             request.num_computed_tokens += num_new
@@ -126,7 +131,11 @@ class Scheduler:
             request.all_token_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            self._check_stop(request, token, eos_token_ids)
+            try:
+                self._check_stop(request, token, eos_token_ids)
+            except Exception:
+                log.exception("the stop check of request %s failed", request.request_id)
+                request.finish("error")
         for request, _ in out.scheduled:
             self.kv.cache_computed_blocks(request)
             if request.is_finished:
@@ -151,11 +160,11 @@ class Scheduler:
         ):
             request.finish("length")
 
-    def abort(self, request: Request) -> None:
-        """Drop a request wherever it is; its blocks are freed at once."""
+    def abort(self, request: Request, reason: str = "abort") -> None:
+        """Drop a request wherever it is, finished with ``reason``; its blocks are freed at once."""
         if request.is_finished:
             return
-        request.finish("abort")
+        request.finish(reason)
         if request in self.waiting:
             self.waiting.remove(request)
         else:

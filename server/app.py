@@ -8,7 +8,9 @@ from importlib.metadata import version
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kvserve.server.errors import APIError, bad_request
+from kvserve.server.body import MAX_BODY_BYTES, read_json
+from kvserve.server.errors import APIError, bad_request, unavailable
+from kvserve.server.openapi import openapi_document
 from kvserve.server.protocol import DetokenizeRequest, TokenizeRequest, parse_body
 from kvserve.server.serving import (
     ServerState,
@@ -16,13 +18,12 @@ from kvserve.server.serving import (
     check_model,
     create_chat_completion,
     create_completion,
-    read_json,
 )
 
 log = logging.getLogger(__name__)
 
 STATE = web.AppKey("state", ServerState)
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/version"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/version", "/openapi.json"})
 # The engine loop counts as stalled when requests are unfinished and no step ended for this long.
 STALL_SECONDS = 60.0
 
@@ -41,10 +42,21 @@ async def errors_middleware(request: web.Request, handler) -> web.StreamResponse
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return APIError(exc.status, exc.reason).response()
+        return _http_error(request, exc).response()
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
         return APIError(500, "internal server error").response()
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> APIError:
+    """aiohttp's own 4xx (no route, wrong method, body too large) in OpenAI's shape."""
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return APIError(413, f"the request body is too large: {exc.text}")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = exc.headers["Allow"]
+        message = f"{request.method} is not allowed on {request.path}; use {allowed}"
+        return APIError(405, message, headers={"Allow": allowed})
+    return APIError(exc.status, exc.reason)
 
 
 @web.middleware
@@ -57,7 +69,7 @@ async def gate_middleware(request: web.Request, handler) -> web.StreamResponse:
     if key is not None and request.headers.get("Authorization", "") != f"Bearer {key}":
         raise APIError(401, "missing or invalid API key", code="invalid_api_key")
     if not state.drain.ready:
-        raise APIError(503, "the server is shutting down and takes no new requests")
+        raise unavailable("the server is shutting down and takes no new requests")
     with state.drain.track():
         return await handler(request)
 
@@ -90,7 +102,7 @@ async def models(request: web.Request) -> web.Response:
 
 async def tokenize(request: web.Request) -> web.Response:
     state = _state(request)
-    body = parse_body(TokenizeRequest, await read_json(request))
+    body = parse_body(TokenizeRequest, await read_json(request, state.body_timeout))
     check_model(state, body.model)
     if body.messages is not None:
         tokens = chat_prompt_ids(state, body.messages, body.add_generation_prompt)
@@ -102,7 +114,7 @@ async def tokenize(request: web.Request) -> web.Response:
 
 async def detokenize(request: web.Request) -> web.Response:
     state = _state(request)
-    body = parse_body(DetokenizeRequest, await read_json(request))
+    body = parse_body(DetokenizeRequest, await read_json(request, state.body_timeout))
     check_model(state, body.model)
     vocab = len(state.llm.tokenizer)
     if any(not 0 <= t < vocab for t in body.tokens):
@@ -120,7 +132,11 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    drain = _state(request).drain
+    """Ready once loaded, until draining starts or the engine dies."""
+    state = _state(request)
+    drain = state.drain
+    if drain.ready and state.llm.error is not None:
+        return web.json_response({"status": "engine dead"}, status=503)
     if drain.ready:
         return web.json_response({"status": "ready"})
     return web.json_response({"status": "draining" if drain.draining else "loading"}, status=503)
@@ -135,8 +151,14 @@ async def version_info(request: web.Request) -> web.Response:
     return web.json_response({"version": version("kvserve")})
 
 
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document(version("kvserve")))
+
+
 def build_app(state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware, gate_middleware])
+    app = web.Application(
+        middlewares=[errors_middleware, gate_middleware], client_max_size=MAX_BODY_BYTES
+    )
     app[STATE] = state
     app.on_response_prepare.append(_echo_request_id)
     app.router.add_post("/v1/completions", completions)
@@ -148,4 +170,5 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/version", version_info)
+    app.router.add_get("/openapi.json", openapi)
     return app

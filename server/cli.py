@@ -6,8 +6,10 @@ A flag on the command line beats its environment variable, which beats the defau
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from kvserve.engine.config import EngineConfig
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model"
 ENV_PREFIX = "KVSERVE_"
@@ -24,7 +26,11 @@ def _env_bool(name: str, text: str) -> bool:
     raise SystemExit(f"kvserve: {name} must be true or false, not {text!r}")
 
 
-def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def serve_parser(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ
+) -> argparse.ArgumentParser:
+    """The ``serve`` flags on ``parser``, defaults read from ``environ`` (the operator passes a
+    pod's environment to check a spec without starting a server)."""
     add = parser.add_argument
     add("--model", default=None, help="checkpoint directory (default: the embedded demo model)")
     add("--served-model-name", default=None, help="name clients use (default: --model)")
@@ -52,12 +58,24 @@ def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--seed", type=int, default=0)
     add("--max-waiting-requests", type=int, default=None, help="queue limit; beyond it, 503")
     add("--shutdown-timeout", type=float, default=30.0, help="drain limit after SIGTERM (s)")
+    add(
+        "--timeout-keep-alive",
+        type=float,
+        default=5.0,
+        help="seconds a connection may sit idle or take to send its request headers",
+    )
+    add(
+        "--request-body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request body may take to arrive; beyond it, 408",
+    )
     for action in parser._actions:
         if not action.option_strings or action.dest == "help":
             continue
         env = _env_name(action.dest)
         action.help = f"{action.help + '; ' if action.help else ''}env {env}"
-        text = os.environ.get(env)
+        text = environ.get(env)
         if text is None:
             continue
         if isinstance(action, argparse.BooleanOptionalAction):
@@ -67,6 +85,27 @@ def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         else:
             action.default = text  # argparse converts a string default with the flag's type
     return parser
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine's settings from parsed ``serve`` flags; ``ValueError`` names a bad one."""
+    return EngineConfig(
+        model=str(args.model or DEFAULT_MODEL),
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_gb=args.kv_cache_memory_gb,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        enable_prefix_caching=args.enable_prefix_caching,
+        attention_backend=args.attention_backend,
+        tensor_parallel_size=args.tensor_parallel_size,
+        seed=args.seed,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")  # "error": failed by the engine
 
 
 class ServerMetrics:
@@ -58,7 +58,11 @@ class ServerMetrics:
         self.rejected = counter(
             "kvserve:requests_rejected", "Requests refused because the waiting queue was full."
         )
-        self._last_counts = (0, 0, 0)
+        self.step_failures = counter(
+            "kvserve:engine_step_failures",
+            "Engine steps in which requests failed on an exception (reason error).",
+        )
+        self._last_counts = (0, 0, 0, 0)
         self._num_tokens_seen: dict[str, int] = {}
 
     def on_step(self, stats, outputs: list[RequestOutput]) -> None:
@@ -66,11 +70,7 @@ class ServerMetrics:
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
-        counts = (stats.prefix_cache_queries, stats.prefix_cache_hits, stats.num_preemptions)
-        metrics = (self.prefix_queries, self.prefix_hits, self.preemptions)
-        for metric, new, old in zip(metrics, counts, self._last_counts, strict=True):
-            metric.inc(max(new - old, 0))
-        self._last_counts = counts
+        self._count(stats)
         for output in outputs:
             seen = self._num_tokens_seen.get(output.request_id, 0)
             total = len(output.outputs[0].token_ids)
@@ -81,6 +81,26 @@ class ServerMetrics:
             if output.finished:
                 self._num_tokens_seen.pop(output.request_id)
                 self._record_finished(output)
+
+    def _count(self, stats) -> None:
+        counts = (
+            stats.prefix_cache_queries,
+            stats.prefix_cache_hits,
+            stats.num_preemptions,
+            stats.num_failed_steps,
+        )
+        metrics = (self.prefix_queries, self.prefix_hits, self.preemptions, self.step_failures)
+        for metric, new, old in zip(metrics, counts, self._last_counts, strict=True):
+            metric.inc(max(new - old, 0))
+        self._last_counts = counts
+
+    def on_engine_dead(self, stats, num_failed: int) -> None:
+        """The engine stopped for good: its ``num_failed`` open requests will never finish."""
+        self.running.set(0)
+        self.waiting.set(0)
+        self._count(stats)
+        self.success["error"].inc(num_failed)
+        self._num_tokens_seen.clear()
 
     def on_abort(self, request_id: str) -> None:
         self._num_tokens_seen.pop(request_id, None)

@@ -4,6 +4,7 @@ Every field OpenAI defines is either honoured or rejected with a 400 that names 
 (``UNSUPPORTED``); unknown fields are rejected too, so nothing is silently ignored.
 """
 
+import re
 from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -11,11 +12,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from kvserve.server.errors import APIError, bad_request
 
 MAX_LOGPROBS = 20
+# Seeds are 64-bit, as vLLM takes them; sample i of n uses seed + i, which still fits.
+MAX_SEED = 2**63 - 1
+# How pydantic names the member of a union in an error's location ("str", "list[int]",
+# "list[TextPart]"): not part of the parameter's name.
+_UNION_MEMBER = re.compile(r"(str|int|float|bool|(list|dict|tuple)\[.+\])")
 BodyT = TypeVar("BodyT", bound=BaseModel)
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict types, as OpenAI checks them: true, 5.0 and "5" are not integers (nor token
+    # ids), 1 and "true" are not booleans; an integer is a number.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     # Fields that OpenAI defines but this server does not implement: rejected when set.
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ()
@@ -47,7 +55,7 @@ class SamplingBody(_Body):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-MAX_SEED - 1, le=MAX_SEED)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -63,7 +71,7 @@ class SamplingBody(_Body):
         if self.stream_options is not None and not self.stream:
             raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream")
         for key, value in (self.logit_bias or {}).items():
-            if not key.lstrip("-").isdigit():
+            if not (key.isascii() and key.isdigit() and len(key) <= 9):
                 raise bad_request(f"logit_bias key {key!r} is not a token id", "logit_bias")
             if not -100.0 <= value <= 100.0:
                 raise bad_request("logit_bias values must be within [-100, 100]", "logit_bias")
@@ -157,7 +165,7 @@ class ChatCompletionRequest(SamplingBody):
 class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
@@ -182,8 +190,29 @@ def parse_body(model: type[BodyT], data: Any) -> BodyT:
     except APIError:
         raise
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        if first["type"] == "extra_forbidden":
-            raise bad_request(f"unknown parameter '{param}'", param) from None
-        raise bad_request(f"{param}: {first['msg']}", param) from None
+        raise _validation_error(exc.errors()) from None
+
+
+def _validation_error(errors: list) -> APIError:
+    """A 400 for pydantic's errors, naming the first bad field by its path (``messages.0.
+    content``), never by a union member's type; a value that fits no member of a union is
+    said to be none of them."""
+    first = errors[0]
+    path = _path(first["loc"])
+    if first["type"] == "extra_forbidden":
+        return bad_request(f"unknown parameter '{path}'", path)
+    depth = next((i for i, part in enumerate(first["loc"]) if _is_member(part)), None)
+    if depth is None:
+        return bad_request(f"{path}: {first['msg']}", path)
+    members = [e["loc"] for e in errors if e["loc"][:depth] == first["loc"][:depth]]
+    param = _path(first["loc"][:depth])
+    kinds = dict.fromkeys(str(loc[depth]) for loc in members if len(loc) > depth)
+    return bad_request(f"{param}: expected {' or '.join(kinds)}", param)
+
+
+def _is_member(part: str | int) -> bool:
+    return isinstance(part, str) and _UNION_MEMBER.fullmatch(part) is not None
+
+
+def _path(loc: tuple) -> str | None:
+    return ".".join(str(part) for part in loc if not _is_member(part)) or None

@@ -9,10 +9,9 @@ import sys
 from aiohttp import web
 
 from kvserve.engine.async_llm import AsyncLLM
-from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.server.app import build_app
-from kvserve.server.cli import DEFAULT_MODEL
+from kvserve.server.cli import engine_config
 from kvserve.server.drain import DrainState
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.serving import ServerState
@@ -20,6 +19,9 @@ from kvserve.server.serving import ServerState
 log = logging.getLogger("kvserve.server")
 DEFAULT_MODEL_NAME = "kvserve-demo"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# After the drain deadline: how long the cut responses get to send their last bytes, and
+# then how long aiohttp waits for any handler left before cancelling it.
+CUT_GRACE_SECONDS = 1.0
 
 
 class LoadProgress:
@@ -38,26 +40,6 @@ class LoadProgress:
             self.stream.flush()
         else:
             log.info("loading weights: %d/%d files", done, total)
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=str(args.model or DEFAULT_MODEL),
-        dtype=args.dtype,
-        device=args.device,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        kv_cache_memory_gb=args.kv_cache_memory_gb,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        enable_prefix_caching=args.enable_prefix_caching,
-        attention_backend=args.attention_backend,
-        tensor_parallel_size=args.tensor_parallel_size,
-        seed=args.seed,
-    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -98,8 +80,16 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
         drain=drain,
         api_key=args.api_key,
         max_waiting_requests=args.max_waiting_requests,
+        body_timeout=args.request_body_timeout,
     )
-    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        build_app(state),
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=args.timeout_keep_alive,
+        auto_decompress=False,  # read_json decompresses, so that every failure is OpenAI-shaped
+        shutdown_timeout=CUT_GRACE_SECONDS,
+    )
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
     drain.loaded = True
@@ -114,6 +104,8 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
     log.info("draining %d requests (at most %.0f s)", drain.in_flight, args.shutdown_timeout)
     if not await drain.wait_idle(args.shutdown_timeout):
         log.warning("drain timeout: %d requests still in flight are cut", drain.in_flight)
+        drain.cut()
+        await drain.wait_idle(CUT_GRACE_SECONDS)
     await runner.cleanup()
     llm.shutdown()
     log.info("stopped")

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.engine.async_llm import AsyncLLM, EngineDeadError, RequestFailedError
 from kvserve.engine.outputs import RequestOutput
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.server.admission import Admission, Reservation
+from kvserve.server.body import read_json
 from kvserve.server.drain import DrainState
-from kvserve.server.errors import APIError, bad_request
+from kvserve.server.errors import APIError, bad_request, unavailable
 from kvserve.server.logprobs import chat_logprobs, completion_logprobs
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.protocol import (
@@ -41,8 +43,14 @@ class ServerState:
     drain: DrainState
     api_key: str | None = None
     max_waiting_requests: int | None = None
+    body_timeout: float = 30.0  # seconds a request body may take to arrive
     created: int = field(default_factory=lambda: int(time.time()))
     _ids: itertools.count = field(default_factory=itertools.count)
+    admission: Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        batch = self.llm.engine.config.max_num_seqs
+        self.admission = Admission(self.max_waiting_requests, batch)
 
     def engine_request_id(self, api_id: str, choice: int) -> str:
         return f"{api_id}-{next(self._ids)}-{choice}"
@@ -56,16 +64,28 @@ class _Choice:
     output: RequestOutput | None = None
     text_len: int = 0  # characters of the output's text already sent
     num_tokens: int = 0  # output tokens already sent
-    sent_chars: int = 0  # characters sent in all, echoed prompt included
+    token_chars: int = 0  # characters of the tokens sent (echo included): the next text_offset
     started: bool = False
 
-    def take(self, output: RequestOutput, delta: bool) -> tuple[str, list[int], list, bool]:
+    @property
+    def finished(self) -> bool:
+        return self.output is not None and self.output.finished
+
+    def take(
+        self, output: RequestOutput, delta: bool, send_empty_first: bool = False
+    ) -> tuple[str, list[int], list, bool] | None:
         """The text, token ids and logprobs not sent yet (all if not ``delta``), and
-        whether this is the choice's first piece; marks them sent."""
+        whether this is the choice's first piece; marks them sent. ``None`` (nothing
+        marked) for a delta without new text that does not end the choice, unless it is
+        the first and ``send_empty_first``: its tokens (inside a multi-byte character, or
+        special) go with the next piece, so that every token's logprobs are sent."""
         completion = output.outputs[0]
         text_from, tokens_from = (self.text_len, self.num_tokens) if delta else (0, 0)
         first = not (delta and self.started)
         text = completion.text[text_from:]
+        unfinished = completion.finish_reason is None
+        if delta and not text and unfinished and not (first and send_empty_first):
+            return None
         token_ids = completion.token_ids[tokens_from:]
         logprobs = (completion.logprobs or [])[tokens_from:]
         self.output = output
@@ -79,11 +99,14 @@ def check_model(state: ServerState, model: str | None) -> None:
         raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
 
 
-def check_capacity(state: ServerState) -> None:
-    limit = state.max_waiting_requests
-    if limit is not None and state.llm.num_waiting >= limit:
-        state.metrics.rejected.inc()
-        raise APIError(503, f"the server is at capacity ({limit} requests waiting); retry later")
+def admit(state: ServerState, count: int, param: str) -> Reservation:
+    """Reserve ``count`` engine requests against the queue limit (see ``admission``)."""
+    try:
+        return state.admission.reserve(count, param)
+    except APIError as exc:
+        if exc.status == 503:
+            state.metrics.rejected.inc()
+        raise
 
 
 def sampling_params(
@@ -110,6 +133,17 @@ def sampling_params(
         )
     except ValueError as exc:
         raise _invalid(exc, None) from None
+
+
+ENGINE_ERRORS = (EngineDeadError, RequestFailedError)
+
+
+def engine_error(exc: EngineDeadError | RequestFailedError) -> APIError:
+    """A 503 once the engine is dead (this replica is no longer ready: retry elsewhere), a
+    500 for a request the engine failed on while it went on with the others."""
+    if isinstance(exc, EngineDeadError):
+        return unavailable("the engine stopped and this server can serve no request", "engine_dead")
+    return APIError(500, "the engine failed while generating this request", code="engine_error")
 
 
 def _invalid(exc: ValueError, default_param: str | None) -> APIError:
@@ -143,31 +177,33 @@ def max_new_tokens(
 
 
 async def _start(
-    state: ServerState,
-    api_id: str,
-    prompts: Sequence[list[int]],
-    params: Sequence[SamplingParams],
-    n: int,
+    run: "_Run", prompts: Sequence[list[int]], params: Sequence[SamplingParams], n: int
 ) -> list[tuple[str, AsyncIterator[RequestOutput]]]:
-    """Add every (prompt, sample) to the engine; if one is refused, abort those added.
+    """Admit the request, then add every (prompt, sample) to the engine; if one is
+    refused, abort those added.
 
     With prefix caching on, the other samples of a prompt are added once the first has
     computed it, so that they share its cached blocks instead of computing their own."""
+    state = run.state
+    run.reservation = admit(state, len(prompts) * n, "n" if n > 1 else run.prompt_param)
     started: list[tuple[str, AsyncIterator[RequestOutput]]] = []
     share = n > 1 and state.llm.engine.config.enable_prefix_caching
     try:
         for p, prompt in enumerate(prompts):
             for i in range(n):
-                request_id = state.engine_request_id(api_id, p * n + i)
+                request_id = state.engine_request_id(run.api_id, p * n + i)
                 stream = await state.llm.add_request(request_id, prompt, params[i])
                 started.append((request_id, stream))
                 if i == 0 and share:
                     started[-1] = (request_id, await _after_prefill(stream))
     except BaseException as exc:
+        run.reservation.close()
         for request_id, _ in started:
             state.llm.abort(request_id)
         if isinstance(exc, ValueError):
             raise _invalid(exc, "prompt") from None
+        if isinstance(exc, ENGINE_ERRORS):
+            raise engine_error(exc) from None
         raise
     return started
 
@@ -243,6 +279,20 @@ class _Run:
         self.api_id = ("chatcmpl-" if chat else "cmpl-") + request["request_id"]
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
+        self.prompt_param = "messages" if chat else "prompt"
+        self.reservation: Reservation | None = None
+
+    def receive(self, choice: _Choice, output: RequestOutput) -> None:
+        choice.output = output
+        if output.finished:
+            assert self.reservation is not None
+            self.reservation.done(choice.index)
+
+    def cut_piece(self, choice: _Choice) -> dict:
+        """The last piece of a choice cut short by the drain deadline."""
+        content = {"delta": {}} if self.chat else {"text": ""}
+        cut = {"logprobs": None, "finish_reason": "abort", "stop_reason": None}
+        return {"index": choice.index, **content, **cut}
 
     def envelope(self, choices: list, chunk: bool) -> dict:
         obj = self.object + (".chunk" if chunk and self.chat else "")
@@ -256,38 +306,39 @@ class _Run:
 
 
 async def create_completion(state: ServerState, request: web.Request) -> web.StreamResponse:
-    body = parse_body(CompletionRequest, await read_json(request))
+    body = parse_body(CompletionRequest, await read_json(request, state.body_timeout))
     check_model(state, body.model)
     tokenizer = state.llm.tokenizer
     prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
     max_tokens = max_new_tokens(state, max(len(p) for p in prompts), body.max_tokens, 16, "prompt")
     prompt_logprobs = body.logprobs if body.echo else None
     params = sampling_params(body, max_tokens, body.logprobs, prompt_logprobs)
-    check_capacity(state)
     run = _Run(state, request, chat=False)
-    started = await _start(state, run.api_id, prompts, _child_params(params, body.n), body.n)
+    started = await _start(run, prompts, _child_params(params, body.n), body.n)
 
     def render(choice: _Choice, delta: bool) -> dict | None:
         output = choice.output
         assert output is not None
-        text, token_ids, logprobs, first = choice.take(output, delta)
-        finish_reason = output.outputs[0].finish_reason
-        if delta and not text and finish_reason is None:
+        taken = choice.take(output, delta)
+        if taken is None:
             return None
+        text, token_ids, logprobs, first = taken
+        finish_reason = output.outputs[0].finish_reason
         if body.echo and first:
             prompt_ids = prompts[choice.index // body.n]
             text = tokenizer.decode(prompt_ids) + text
             if body.logprobs is not None:
                 token_ids = prompt_ids + token_ids
                 logprobs = list(output.prompt_logprobs or []) + logprobs
-        offset = choice.sent_chars if delta else 0
-        choice.sent_chars = offset + len(text)
+        token_logprobs = None
+        if body.logprobs is not None:
+            offset = choice.token_chars if delta else 0
+            token_logprobs = completion_logprobs(tokenizer, token_ids, logprobs, offset)
+            choice.token_chars = offset + sum(len(t) for t in token_logprobs["tokens"])
         return {
             "index": choice.index,
             "text": text,
-            "logprobs": None
-            if body.logprobs is None
-            else completion_logprobs(tokenizer, token_ids, logprobs, offset),
+            "logprobs": token_logprobs,
             "finish_reason": finish_reason,
             "stop_reason": output.outputs[0].stop_reason,
         }
@@ -296,24 +347,24 @@ async def create_completion(state: ServerState, request: web.Request) -> web.Str
 
 
 async def create_chat_completion(state: ServerState, request: web.Request) -> web.StreamResponse:
-    body = parse_body(ChatCompletionRequest, await read_json(request))
+    body = parse_body(ChatCompletionRequest, await read_json(request, state.body_timeout))
     check_model(state, body.model)
     prompt = chat_prompt_ids(state, body.messages, body.add_generation_prompt)
     max_tokens = max_new_tokens(state, len(prompt), body.max_new_tokens, None, "messages")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs, None)
-    check_capacity(state)
     run = _Run(state, request, chat=True)
-    started = await _start(state, run.api_id, [prompt], _child_params(params, body.n), body.n)
+    started = await _start(run, [prompt], _child_params(params, body.n), body.n)
     tokenizer = state.llm.tokenizer
 
     def render(choice: _Choice, delta: bool) -> dict | None:
         output = choice.output
         assert output is not None
-        text, token_ids, token_logprobs, first = choice.take(output, delta)
-        finish_reason = output.outputs[0].finish_reason
-        if delta and not text and finish_reason is None and not first:
+        taken = choice.take(output, delta, send_empty_first=True)
+        if taken is None:
             return None
+        text, token_ids, token_logprobs, first = taken
+        finish_reason = output.outputs[0].finish_reason
         message = {"role": "assistant", "content": text} if first else {"content": text}
         return {
             "index": choice.index,
@@ -341,13 +392,6 @@ def chat_prompt_ids(
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-async def read_json(request: web.Request):
-    try:
-        return await request.json()
-    except ValueError:
-        raise bad_request("the request body is not valid JSON") from None
-
-
 async def _respond(
     run: _Run,
     body: SamplingBody,
@@ -364,20 +408,49 @@ async def _respond(
         for choice, (request_id, _) in zip(choices, started, strict=True):
             if choice.output is None or not choice.output.finished:
                 run.state.llm.abort(request_id)
+        run.reservation.close()
 
 
 async def _send(run, body, streams, choices, prompt_lens, render) -> web.StreamResponse:
+    """The response; at the drain deadline a stream ends with ``finish_reason: "abort"``
+    for each unfinished choice and ``[DONE]``, and a whole response becomes a 503."""
+    outputs = run.state.drain.until_cut(_merge(streams))
     if not body.stream:
-        async for index, output in _merge(streams):
-            choices[index].output = output
+        try:
+            async for index, output in outputs:
+                run.receive(choices[index], output)
+        except ENGINE_ERRORS as exc:
+            raise engine_error(exc) from None
+        if not all(choice.finished for choice in choices):
+            raise unavailable("the server shut down before this request finished; retry it")
         rendered = [render(choice, False) for choice in choices]
         usage = {"usage": _usage(prompt_lens, choices)}
         return web.json_response(run.envelope(rendered, chunk=False) | usage)
     response = await open_event_stream(run.request)
+    try:
+        await _stream(run, body, outputs, response, choices, prompt_lens, render)
+    except ENGINE_ERRORS as exc:  # an error event, then [DONE], as vLLM ends a failed stream
+        await send_event(response, engine_error(exc).body())
+        await send_event(response, DONE)
+        await response.write_eof()
+        return response
+    for choice in choices:
+        if not choice.finished:
+            await send_event(response, run.envelope([run.cut_piece(choice)], chunk=True))
+    if body.include_usage:
+        usage = {"usage": _usage(prompt_lens, choices)}
+        await send_event(response, run.envelope([], chunk=True) | usage)
+    await send_event(response, DONE)
+    await response.write_eof()
+    return response
+
+
+async def _stream(run, body, outputs, response, choices, prompt_lens, render) -> None:
+    """Each choice's pieces as events, as the engine's outputs come."""
     options = body.stream_options
-    async for index, output in _merge(streams):
+    async for index, output in outputs:
         choice = choices[index]
-        choice.output = output
+        run.receive(choice, output)
         piece = render(choice, True)
         if piece is None:
             continue
@@ -387,9 +460,3 @@ async def _send(run, body, streams, choices, prompt_lens, render) -> web.StreamR
         elif body.include_usage:
             chunk["usage"] = None
         await send_event(response, chunk)
-    if body.include_usage:
-        usage = {"usage": _usage(prompt_lens, choices)}
-        await send_event(response, run.envelope([], chunk=True) | usage)
-    await send_event(response, DONE)
-    await response.write_eof()
-    return response

@@ -78,6 +78,22 @@ class ServerProcess:
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
+    def send(
+        self, path: str, data: bytes | None, headers: dict[str, str] | None = None, method="POST"
+    ) -> tuple[int, dict[str, str], bytes]:
+        """Any request, sent as given with the API key: its status, headers and body."""
+        request = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {API_KEY}", **(headers or {})},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, dict(response.headers), response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
     def metric(self, name: str, **labels: str) -> float:
         """The value of one sample on ``/metrics`` (labels beyond ``model_name`` as given)."""
         wanted = {"model_name": "tiny", **labels}

@@ -110,9 +110,17 @@ def test_padded_static_batch_computes_the_same_rows(decoding_engine):
             static.input_ids[:4], static.positions[:4], runner.kv_caches, static.meta(4)
         )
     torch.testing.assert_close(padded[:3], expected, rtol=1e-5, atol=1e-6)
-    for (key, value), (key_before, value_before) in zip(runner.kv_caches, caches, strict=True):
-        assert torch.equal(key, key_before)
-        assert torch.equal(value, value_before)
+    # The real rows rewrite their own slots with values equal up to rounding (a 4-row matmul
+    # may round unlike a 3-row one); every other slot, the last one included, is untouched.
+    real = meta.slot_mapping
+    for after, before in (
+        c for pair in zip(runner.kv_caches, caches, strict=True) for c in zip(*pair)
+    ):
+        after, before = after.flatten(0, 1), before.flatten(0, 1)
+        torch.testing.assert_close(after[real], before[real], rtol=1e-5, atol=1e-6)
+        others = torch.ones(len(after), dtype=torch.bool)
+        others[real] = False
+        assert torch.equal(after[others], before[others])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA synchronisations")

@@ -1,12 +1,18 @@
 """SIGTERM: readiness drops at once, new requests get 503, active streams finish, exit 0."""
 
 import asyncio
+import concurrent.futures
+import json
 import signal
+import socket
 import time
+import urllib.request
 
 import openai
 
 from server_process import API_KEY, ServerProcess
+
+JSON = {"Content-Type": "application/json"}
 
 
 def test_sigterm_drains_16_streams_then_exits_0(checkpoint, tmp_path):
@@ -49,13 +55,115 @@ def test_sigterm_drains_16_streams_then_exits_0(checkpoint, tmp_path):
                 await client.completions.create(model="tiny", prompt="x", max_tokens=2)
                 late = None
             except openai.APIStatusError as exc:
-                late = exc.status_code
+                late = (exc.status_code, exc.response.headers.get("Retry-After"))
             return await asyncio.gather(*tasks), ready, late
 
         begin = time.monotonic()
         results, ready, late = asyncio.run(run())
         assert ready == 503
-        assert late == 503
+        assert late == (503, "1")
         assert [reason for _, reason in results] == ["length"] * 16
         assert process.wait(60) == 0
         assert time.monotonic() - begin < 60
+
+
+def _stream_events(response) -> list[str]:
+    """The ``data:`` payloads of a server-sent event stream, read to its end."""
+    return [
+        line[6:].rstrip("\n") for line in map(bytes.decode, response) if line.startswith("data: ")
+    ]
+
+
+def test_the_shutdown_timeout_cuts_streams_cleanly_and_exits_in_time(checkpoint, tmp_path):
+    """At the deadline every stream still running ends with a last event and [DONE]; a
+    stalled upload and a half-sent request line do not hold the exit back."""
+    server = ServerProcess(
+        checkpoint("llama"),
+        "--num-kv-blocks", "256", "--max-num-seqs", "1", "--shutdown-timeout", "1",
+        log=tmp_path / "server.log",
+    )  # fmt: skip
+    body = {"prompt": "def f(x):", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with server:
+        process = server.process
+        assert process is not None
+        stalled = socket.create_connection(("127.0.0.1", server.port))
+        stalled.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {API_KEY}\r\nContent-Length: 100\r\n\r\n".encode()
+            + b'{"prompt": '
+        )
+        half = socket.create_connection(("127.0.0.1", server.port))
+        half.sendall(b"POST /v1/compl")
+        whole = dict(body, stream=False, n=8)  # 8 × 400 tokens, one at a time: seconds
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(server.send, "/v1/completions", json.dumps(whole).encode(), JSON)
+            deadline = time.monotonic() + 30
+            while server.metric("vllm:num_requests_running") == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            streams = [_open_stream(server, body) for _ in range(16)]
+            begin = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            events = [_stream_events(stream) for stream in streams]
+            status, headers, answer = pending.result(30)
+        assert process.wait(30) == 0
+        elapsed = time.monotonic() - begin
+        assert stalled.recv(1) == b"" and half.recv(1) == b""  # closed, no answer
+    # One sequence at a time: 8 × 400 tokens queued before the streams take seconds.
+    cut = {"index": 0, "text": "", "logprobs": None, "finish_reason": "abort", "stop_reason": None}
+    assert [stream[-1] for stream in events] == ["[DONE]"] * 16
+    assert [json.loads(stream[-2])["choices"] for stream in events] == [[cut]] * 16
+    assert (status, headers["Retry-After"], json.loads(answer)) == (
+        503,
+        "1",
+        {
+            "error": {
+                "message": "the server shut down before this request finished; retry it",
+                "type": "service_unavailable_error",
+                "param": None,
+                "code": None,
+            }
+        },
+    )
+    assert elapsed < 1 + 2 + 8  # the timeout, the cut's grace, the interpreter's exit
+
+
+def _open_stream(server: ServerProcess, body: dict):
+    request = urllib.request.Request(
+        server.url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+    )
+    return urllib.request.urlopen(request, timeout=60)
+
+
+def test_slow_headers_and_a_stalled_body_time_out(checkpoint, tmp_path):
+    server = ServerProcess(
+        checkpoint("llama"),
+        "--num-kv-blocks", "64", "--timeout-keep-alive", "1", "--request-body-timeout", "1",
+        log=tmp_path / "server.log",
+    )  # fmt: skip
+    with server:
+        slow = socket.create_connection(("127.0.0.1", server.port), timeout=20)
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        begin = time.monotonic()
+        assert slow.recv(1) == b""  # closed by the server, headers never finished
+        assert time.monotonic() - begin < 10
+        stalled = socket.create_connection(("127.0.0.1", server.port), timeout=20)
+        stalled.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {API_KEY}\r\nContent-Length: 100\r\n\r\n".encode()
+            + b'{"prompt": '
+        )
+        answer = stalled.makefile("rb")
+        assert answer.readline() == b"HTTP/1.1 408 Request Timeout\r\n"
+        headers = dict(line.decode().split(": ", 1) for line in iter(answer.readline, b"\r\n"))
+        assert json.loads(answer.read(int(headers["Content-Length"]))) == {
+            "error": {
+                "message": "the request body did not arrive within 1 s",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
+        assert server.metric("vllm:num_requests_running") == 0

@@ -1,6 +1,7 @@
 """Many concurrent streams against a real server: cancellations, metrics, the queue limit."""
 
 import asyncio
+import json
 
 import openai
 import pytest
@@ -129,3 +130,62 @@ def test_a_full_waiting_queue_answers_503(model_dir, tmp_path):
         assert all(r.status_code == 503 for r in refused)
         assert all(r.choices[0].finish_reason == "length" for r in results if r not in refused)
         assert server.metric("kvserve:requests_rejected_total") == len(refused)
+
+
+OVERLOADED = {
+    "error": {
+        "message": "the server is at capacity (2 requests waiting); retry later",
+        "type": "service_unavailable_error",
+        "param": None,
+        "code": "server_overloaded",
+    }
+}
+
+
+def test_admission_counts_engine_requests_exactly(model_dir, tmp_path):
+    """4 run and 2 wait: of 8 requests sent at once exactly 6 are admitted and 2 are told to
+    retry; one that needs more sequences than the batch and the queue hold is a 400."""
+    args = ("--num-kv-blocks", "256", "--max-num-seqs", "4", "--max-waiting-requests", "2")
+    with ServerProcess(model_dir, *args, log=tmp_path / "server.log") as server:
+        body = {"prompt": PROMPTS[0], "max_tokens": 400, "ignore_eos": True}
+
+        async def burst() -> list:
+            client = _client(server)
+            extra = {"ignore_eos": True}
+            return await asyncio.gather(
+                *[
+                    client.completions.with_raw_response.create(
+                        model="tiny", prompt=PROMPTS[0], max_tokens=400, extra_body=extra
+                    )
+                    for _ in range(8)
+                ],
+                return_exceptions=True,
+            )
+
+        results = asyncio.run(burst())
+        refused = [r for r in results if isinstance(r, openai.APIStatusError)]
+        statuses = [(r.status_code, r.response.headers["Retry-After"]) for r in refused]
+        assert statuses == [(503, "1")] * 2
+        assert all(r.response.json() == OVERLOADED for r in refused)
+        admitted = [r.parse() for r in results if r not in refused]
+        assert [c.choices[0].finish_reason for c in admitted] == ["length"] * 6
+        assert server.metric("kvserve:requests_rejected_total") == 2
+        for fields, param in ((dict(n=7), "n"), (dict(prompt=[PROMPTS[0]] * 7), "prompt")):
+            status, _, answer = server.send(
+                "/v1/completions",
+                json.dumps(body | fields).encode(),
+                {"Content-Type": "application/json"},
+            )
+            assert (status, json.loads(answer)) == (
+                400,
+                {
+                    "error": {
+                        "message": "this request needs 7 sequences but the server runs 4 and "
+                        "queues 2; send fewer prompts or a smaller 'n'",
+                        "type": "invalid_request_error",
+                        "param": param,
+                        "code": None,
+                    }
+                },
+            )
+        assert server.metric("vllm:num_requests_waiting") == 0

@@ -23,6 +23,7 @@ VLLM_V1 = {
 OURS = {
     "kvserve:draining": ("gauge", {"model_name"}),
     "kvserve:requests_rejected": ("counter", {"model_name"}),
+    "kvserve:engine_step_failures": ("counter", {"model_name"}),
 }
 
 

@@ -1,8 +1,12 @@
 """Request bodies, the CLI and its environment, SSE framing: no server needed."""
 
+import asyncio
+
 import pytest
 
+from kvserve.server.admission import Admission
 from kvserve.server.cli import build_parser
+from kvserve.server.drain import DrainState
 from kvserve.server.errors import APIError
 from kvserve.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from kvserve.server.sse import encode_event
@@ -87,3 +91,79 @@ def test_bad_environment_values_stop_the_cli(monkeypatch):
 def test_sse_frames():
     assert encode_event({"a": "é"}) == 'data: {"a": "é"}\n\n'.encode()
     assert encode_event("[DONE]") == b"data: [DONE]\n\n"
+
+
+def test_admission_reserves_engine_requests_until_each_is_done():
+    admission = Admission(limit=2, batch=4)
+    first = admission.reserve(6, "n")  # 4 run, 2 wait
+    with pytest.raises(APIError) as full:
+        admission.reserve(1, "prompt")
+    assert (full.value.status, full.value.headers) == (503, {"Retry-After": "1"})
+    assert full.value.code == "server_overloaded"
+    first.done(0)
+    first.done(0)  # once only
+    second = admission.reserve(1, "prompt")
+    assert admission.unfinished == 6
+    first.close()
+    second.close()
+    assert admission.unfinished == 0
+    with pytest.raises(APIError) as never:
+        admission.reserve(7, "n")
+    assert (never.value.status, never.value.param) == (400, "n")
+    assert Admission(limit=None, batch=1).reserve(1000, "n") is not None
+
+
+def test_until_cut_ends_an_endless_stream_and_closes_it():
+    closed = []
+
+    async def endless():
+        try:
+            yield 1
+            await asyncio.Event().wait()
+        finally:
+            closed.append(True)
+
+    async def run() -> list[int]:
+        drain = DrainState()
+        got = []
+        async for item in drain.until_cut(endless()):
+            got.append(item)
+            asyncio.get_running_loop().call_later(0.05, drain.cut)
+        return got
+
+    assert asyncio.run(run()) == [1]
+    assert closed == [True]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        (
+            {"prompt": [True, 5]}, "prompt",
+            "prompt: expected str or list[str] or list[int] or list[list[int]]",
+        ),
+        (
+            {"prompt": "x", "logit_bias": {"٣": 1}}, "logit_bias",
+            "logit_bias key '٣' is not a token id",
+        ),
+        (
+            {"prompt": "x", "seed": 2**63}, "seed",
+            "seed: Input should be less than or equal to 9223372036854775807",
+        ),
+        (
+            {"prompt": "x", "stop_token_ids": [True]}, "stop_token_ids.0",
+            "stop_token_ids.0: Input should be a valid integer",
+        ),
+        (
+            {"prompt": "x", "max_tokens": 5.0}, "max_tokens",
+            "max_tokens: Input should be a valid integer",
+        ),
+        ({"prompt": "x", "n": True}, "n", "n: Input should be a valid integer"),
+        ({"prompt": "x", "stream": 1}, "stream", "stream: Input should be a valid boolean"),
+    ],
+)  # fmt: skip
+def test_token_ids_are_strict_and_union_errors_name_the_field(body, param, message):
+    error = _error(CompletionRequest, body)
+    assert (error["param"], error["message"]) == (param, message)
+    assert parse_body(CompletionRequest, {"prompt": "x", "logit_bias": {"007": 1}})
+    assert parse_body(CompletionRequest, {"prompt": "x", "seed": -(2**63)}).seed == -(2**63)

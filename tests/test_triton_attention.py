@@ -240,6 +240,15 @@ def test_store_kv_is_exact(seed, dtype):
     assert torch.equal(value_cache, expected_value), f"seed {seed}"
 
 
+def test_torch_store_kv_skips_negative_slots():
+    """Slot -1 is a padding row: it must not land in the cache's last slot."""
+    key_cache, value_cache = torch.zeros(2, 4, 1, 2), torch.zeros(2, 4, 1, 2)
+    key = torch.tensor([[[1.0, 1.0]], [[2.0, 2.0]]])
+    TorchAttention().store_kv(key, -key, key_cache, value_cache, torch.tensor([3, -1]))
+    assert key_cache.flatten().tolist() == [0.0] * 6 + [1.0, 1.0] + [0.0] * 8
+    assert value_cache.flatten().tolist() == [0.0] * 6 + [-1.0, -1.0] + [0.0] * 8
+
+
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (32, 8), (14, 2), (64, 1)])
 @pytest.mark.parametrize("head_dim", [16, 48, 64, 128, 256])
 @pytest.mark.parametrize("max_query_len", [1, 3, 64, 2048])

@@ -1,10 +1,13 @@
 """The attention backend interface and the one place that picks an implementation."""
 
+import logging
 from abc import ABC, abstractmethod
 
 import torch
 
 from kvserve.engine.attention.metadata import AttentionMetadata
+
+log = logging.getLogger(__name__)
 
 
 class AttentionBackend(ABC):
@@ -45,8 +48,15 @@ BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 def select_backend(device: torch.device, choice: str = "auto") -> AttentionBackend:
-    """Triton on CUDA; on a CPU the C decode kernel when a C compiler is there, else
-    plain torch (the reference). ``choice`` overrides: ``torch``, ``cpu`` or ``triton``."""
+    """Triton on CUDA; on a CPU the C decode kernel when it is built or a C compiler is
+    there, else plain torch (the reference). ``choice`` overrides: ``torch``, ``cpu`` or
+    ``triton``. Logs the one it picks."""
+    backend = _backend(device, choice)
+    log.info("attention backend: %s (%s, requested %s)", backend.name, device.type, choice)
+    return backend
+
+
+def _backend(device: torch.device, choice: str) -> AttentionBackend:
     if choice not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {choice!r}")
     if choice == "auto":

@@ -5,7 +5,11 @@ sequence's blocks into a padded copy before attending. ``cpu_decode.c`` reads
 keys and values in place through the block table instead. It is compiled with
 the system C compiler on first use (well under a second) into a cache folder,
 loaded with ctypes, and run on one slice of the batch per core (ctypes drops
-the GIL). Without a compiler, ``available()`` is False and the torch path runs.
+the GIL). ``KVSERVE_KERNEL_DIR`` names that folder instead: an image compiles
+the kernel there at build time and needs no compiler at run time. A library is
+named after the source, the flags and this CPU's features (``-march=native``
+code must not run on another CPU). Without a matching library and without a
+compiler, ``available()`` is False and the torch path runs.
 """
 
 import ctypes
@@ -13,7 +17,6 @@ import functools
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -27,30 +30,50 @@ from kvserve.engine.attention.torch_backend import TorchAttention
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fPIC"]
+# Linked in a second step without -ffast-math: linking with it adds gcc's crtfastmath.o,
+# whose constructor turns on flush-to-zero for the whole process when the library loads.
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
 def _cache_dir() -> Path:
+    if kernel_dir := os.environ.get("KVSERVE_KERNEL_DIR"):
+        return Path(kernel_dir)
     root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(root) / "kvserve"
 
 
+def _cpu_features() -> bytes:
+    """The ``flags`` line of /proc/cpuinfo (what ``-march=native`` compiles for)."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            return next((line for line in f if line.startswith(b"flags")), b"")
+    except OSError:
+        return b""
+
+
+def library_path() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_features())
+    return _cache_dir() / f"cpu_decode-{key.hexdigest()[:16]}.so"
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        log.warning("no C compiler found: CPU decode attention uses the torch path")
-        return None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + platform.processor().encode())
-    target = _cache_dir() / f"cpu_decode-{key.hexdigest()[:16]}.so"
+    target = library_path()
     if not target.exists():
+        compiler = shutil.which(os.environ.get("CC", "cc"))
+        if compiler is None:
+            log.warning(
+                "no C compiler found and no %s: CPU decode attention uses the torch path", target
+            )
+            return None
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], check=True)
+            built, obj = Path(tmp) / target.name, Path(tmp) / "cpu_decode.o"
+            subprocess.run([compiler, *FLAGS, "-c", str(SOURCE), "-o", str(obj)], check=True)
+            subprocess.run([compiler, "-shared", str(obj), "-o", str(built), "-lm"], check=True)
             built.replace(target)  # atomic: concurrent builders never load half a file
+        log.info("compiled the CPU decode attention kernel into %s", target)
     lib = ctypes.CDLL(str(target))
     lib.paged_decode.restype = None
     lib.paged_decode.argtypes = (

@@ -24,7 +24,12 @@ class TorchAttention(AttentionBackend):
     name = "torch"
 
     def store_kv(self, key, value, key_cache, value_cache, slot_mapping):
+        """A negative slot (a padding row of a static batch) writes nothing, as in the
+        Triton kernel: ``index_copy_`` would treat it as an index from the end."""
         num_kv_heads, head_dim = key.shape[1:]
+        if bool((slot_mapping < 0).any()):
+            kept = slot_mapping >= 0
+            key, value, slot_mapping = key[kept], value[kept], slot_mapping[kept]
         key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
         value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 

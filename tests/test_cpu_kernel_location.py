@@ -1,0 +1,87 @@
+"""Where the CPU decode kernel's library lives, and what runs when there is none.
+
+An image compiles the kernel at build time into ``KVSERVE_KERNEL_DIR`` and carries no
+compiler: the server must load that library, and say which attention backend it runs.
+"""
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kvserve.engine.attention import cpu_backend
+from kvserve.engine.attention.backend import select_backend
+from kvserve.engine.attention.cpu_backend import CPUAttention
+from kvserve.engine.attention.torch_backend import TorchAttention
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+
+
+@pytest.fixture
+def kernel_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSERVE_KERNEL_DIR", str(tmp_path))
+    cpu_backend._library.cache_clear()
+    yield tmp_path
+    cpu_backend._library.cache_clear()
+
+
+def without_compiler(monkeypatch) -> None:
+    monkeypatch.setenv("CC", "kvserve-test-no-such-compiler")
+    cpu_backend._library.cache_clear()
+
+
+def test_kernel_built_into_kernel_dir_loads_without_a_compiler(kernel_dir, monkeypatch):
+    assert cpu_backend.available()
+    assert [p.name for p in kernel_dir.iterdir()] == [cpu_backend.library_path().name]
+    without_compiler(monkeypatch)
+    kernel_dir.chmod(0o555)  # read-only, as in the image
+    try:
+        assert cpu_backend.available()
+    finally:
+        kernel_dir.chmod(0o755)
+
+
+def test_no_library_and_no_compiler_takes_torch_and_says_so(kernel_dir, monkeypatch, caplog):
+    without_compiler(monkeypatch)
+    with caplog.at_level(logging.INFO):
+        backend = select_backend(torch.device("cpu"))
+    assert type(backend) is TorchAttention
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        f"no C compiler found and no {cpu_backend.library_path()}: "
+        "CPU decode attention uses the torch path",
+        "attention backend: torch (cpu, requested auto)",
+    ]
+
+
+def test_select_backend_logs_the_cpu_kernel(kernel_dir, caplog):
+    with caplog.at_level(logging.INFO):
+        backend = select_backend(torch.device("cpu"))
+    assert type(backend) is CPUAttention
+    assert caplog.records[-1].getMessage() == "attention backend: cpu (cpu, requested auto)"
+
+
+def test_library_name_depends_on_the_cpu_features(kernel_dir, monkeypatch):
+    """A -march=native library built on one CPU is never loaded on a CPU with other features."""
+    here = cpu_backend.library_path()
+    monkeypatch.setattr(cpu_backend, "_cpu_features", lambda: b"flags\t\t: fpu sse2\n")
+    other = cpu_backend.library_path()
+    assert here.parent == other.parent == kernel_dir
+    assert here.name != other.name
+
+
+def test_loading_the_kernel_keeps_subnormal_floats(kernel_dir):
+    """-ffast-math at link time would add a constructor that flushes subnormals to zero in
+    every thread of the process that loads the library (numpy, hypothesis, user code)."""
+    code = (
+        "from kvserve.engine.attention import cpu_backend\n"
+        "assert cpu_backend.available()\n"
+        "print(2.2250738585072014e-308 / 2 > 0)\n"
+    )
+    env = {**os.environ, "KVSERVE_KERNEL_DIR": str(kernel_dir)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout == "True\n", done.stderr
