@@ -113,14 +113,13 @@ def test_padded_static_batch_computes_the_same_rows(decoding_engine):
     # The real rows rewrite their own slots with values equal up to rounding (a 4-row matmul
     # may round unlike a 3-row one); every other slot, the last one included, is untouched.
     real = meta.slot_mapping
-    for after, before in (
-        c for pair in zip(runner.kv_caches, caches, strict=True) for c in zip(*pair)
-    ):
-        after, before = after.flatten(0, 1), before.flatten(0, 1)
-        torch.testing.assert_close(after[real], before[real], rtol=1e-5, atol=1e-6)
-        others = torch.ones(len(after), dtype=torch.bool)
-        others[real] = False
-        assert torch.equal(after[others], before[others])
+    others = torch.ones(caches[0][0].flatten(0, 1).shape[0], dtype=torch.bool)
+    others[real] = False
+    for layer, layer_before in zip(runner.kv_caches, caches, strict=True):
+        for after, before in zip(layer, layer_before, strict=True):
+            after, before = after.flatten(0, 1), before.flatten(0, 1)
+            torch.testing.assert_close(after[real], before[real], rtol=1e-5, atol=1e-6)
+            assert torch.equal(after[others], before[others])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA synchronisations")
