@@ -1,11 +1,12 @@
 """The HorizontalPodAutoscaler that scales an LLMDeployment's Deployment on queue depth.
 
-The metrics are per-pod averages served by the custom-metrics API (prometheus-adapter, rules in
-the chart): Prometheus scrapes ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc``
-from every pod, and the adapter exposes them as ``vllm_num_requests_waiting`` and
-``vllm_kv_cache_usage_perc`` (the ``vllm:`` prefix becomes ``vllm_``: a colon is not a safe
-character in a custom-metrics resource path). ``autoscaling/v2`` and ``v2beta2`` share this
-shape; discovery picks the version.
+The metrics are per-pod averages served by the custom-metrics API: by kvserve's own
+(``metrics_api``, which scrapes the pods' ``/metrics``), or by prometheus-adapter with the
+chart's rules. Pods export ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc``; both
+servers expose them as ``vllm_num_requests_waiting`` and ``vllm_kv_cache_usage_perc`` (the
+``vllm:`` prefix becomes ``vllm_``: a colon is not a safe character in a custom-metrics
+resource path; ``metrics_api.catalog`` imports these names to serve them). ``autoscaling/v2``
+and ``v2beta2`` share this shape; discovery picks the version.
 """
 
 from typing import Any

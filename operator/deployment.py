@@ -12,10 +12,13 @@ Design rules, each visible in the rendered pod:
 - pods run as a non-root user with a read-only root filesystem; /tmp (HOME, caches) and
   /dev/shm (memory-backed, sized for the engine's tensor-parallel ranks) are emptyDirs.
 - the server needs no Kubernetes API access: no service-account token is mounted.
+- with a CPU limit, the server runs as many threads as it gives (``OMP_NUM_THREADS``).
 """
 
+import math
 from typing import Any
 
+from kvserve.operator.quantity import parse_quantity
 from kvserve.operator.resource import HTTP_PORT, child_metadata, labels, selector_labels
 from kvserve.operator.spec import LLMDeploymentSpec, ModelSource
 
@@ -74,9 +77,20 @@ def _secret_env(name: str, secret: Any) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
 
 
-def _env(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
+def cpu_threads(cpu: str | None) -> int | None:
+    """Threads for torch and the CPU attention kernel: the CPU limit, rounded up.
+
+    Left alone, torch sizes its pool by the node's cores; a pod's CPU quota then throttles the
+    surplus threads (measured on a 2-core node with a 500m limit: decode about 2x slower)."""
+    return None if cpu is None else max(1, math.ceil(parse_quantity(cpu)))
+
+
+def server_env(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
     """The server's environment; an entry of ``spec.env`` replaces ours of the same name."""
     ours: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
+    threads = cpu_threads(spec.resources.cpu)
+    if threads is not None:
+        ours.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
     if spec.api_key_secret is not None:
         ours.append(_secret_env("KVSERVE_API_KEY", spec.api_key_secret))
     merged = {e["name"]: e for e in ours + list(spec.env)}
@@ -175,7 +189,7 @@ def render_deployment(
         "command": ["kvserve"],
         "args": serve_args(name, spec, source),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
-        "env": _env(spec),
+        "env": server_env(spec),
         "resources": _resources(spec),
         "securityContext": _security_context(),
         "volumeMounts": mounts,

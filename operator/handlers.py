@@ -1,4 +1,5 @@
-"""The kopf operator: ``kopf run --standalone -A -m kvserve.operator.handlers``.
+"""The kopf operator: ``kopf run --standalone -A -m kvserve.operator.handlers`` (a namespaced
+install passes ``--namespace=NS`` for each watched namespace instead of ``-A``).
 
 Every trigger funnels into the same level-based ``Reconciler.reconcile``:
 - the LLMDeployment is created, its spec changes, or the operator (re)starts (resume);
@@ -8,30 +9,77 @@ A child Deployment's status change only refreshes the owner's status.
 
 An invalid spec becomes a ``Degraded`` condition, and a Warning Event when that problem first
 appears (not again on resyncs or restarts); the handler succeeds, so kopf does not retry what
-only an edit can fix. Transient API
-errors raise ``kopf.TemporaryError`` and are retried after ``RETRY_DELAY`` seconds. Handler
-progress lives in annotations, so the status holds only what the CRD's schema declares.
+only an edit can fix. Transient API errors are retried with exponential backoff
+(``retry_delay``): kopf's ``TemporaryError`` for the resource's own handlers, a bounded loop
+for a deleted child. A namespace being deleted is not retried. The logs carry the API server's
+message, which names the cause (a 403 says "... because it is being terminated").
+
+No finalizer: the resync is an operator-level task over kopf's index (``resync``), and the
+children go with their owner through ownerReferences. A finalizer that an older version added
+is removed by kopf the next time it sees the object. Handler progress lives in annotations, so
+the status holds only what the CRD's schema declares; status writes never go backwards
+(``status_write``).
 """
 
+import asyncio
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from kvserve.operator.kube import Kube
+from kvserve.operator.kube import Kube, api_message, namespace_terminating
 from kvserve.operator.reconciler import Reconciler
 from kvserve.operator.resource import API_VERSION, GROUP, KIND, MANAGED_BY, PLURAL, VERSION
+from kvserve.operator.resync import resync_forever
 from kvserve.operator.status import reported_problem
+from kvserve.operator.status_write import write_outcome
 
-RETRY_DELAY = 10
 RESYNC_SECONDS = float(os.environ.get("KVSERVE_RESYNC_SECONDS", "300"))
+MAX_RETRY_DELAY = 60.0
+CHILD_ATTEMPTS = 10
+"""Attempts to handle one child event (about 4 minutes of backoff); the resync takes over."""
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds before retry ``attempt`` + 1: 1, 2, 4, ... at most ``MAX_RETRY_DELAY``."""
+    return min(2.0**attempt, MAX_RETRY_DELAY)
+
+
+@dataclass
+class _Resync:
+    index: kopf.Index
+    task: asyncio.Task | None = None
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+async def llmdeployments(
+    namespace: str, name: str, memo: kopf.Memo, **_: Any
+) -> dict[tuple[str, str], bool]:
+    """The watched LLMDeployments by (namespace, name), for the resync.
+
+    The first one indexed starts the resync task: started here, the task inherits the context
+    kopf gives an object's handlers, which ``kopf.warn`` needs to post an Event (a task started
+    by the startup handler has none).
+    """
+    resync: _Resync = memo.resync
+    if resync.task is None:
+        reconciler: Reconciler = memo.reconciler
+        resync.task = asyncio.create_task(
+            resync_forever(
+                lambda ns, n: _reconcile_named(reconciler, ns, n), resync.index, RESYNC_SECONDS
+            )
+        )
+    return {(namespace, name): True}
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, llmdeployments: kopf.Index, **_: Any
+) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
@@ -41,36 +89,44 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.scanning.disabled = True
     config.load_config()
     memo.reconciler = Reconciler(Kube(client.ApiClient()))
+    memo.resync = _Resync(llmdeployments)
 
 
-def _write_status(kube: Kube, owner: dict[str, Any], status: dict[str, Any]) -> None:
-    if owner.get("status") == status:
-        return
-    meta = owner["metadata"]
-    kube.patch_status(API_VERSION, KIND, meta["namespace"], meta["name"], status)
+@kopf.on.cleanup()
+async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
+    if memo.resync.task is not None:
+        memo.resync.task.cancel()
 
 
 def _reconcile(reconciler: Reconciler, owner: dict[str, Any]) -> None:
-    try:
-        outcome = reconciler.reconcile(owner)
-        _write_status(reconciler.kube, owner, outcome.status)
-    except ApiException as e:
-        raise kopf.TemporaryError(f"API error {e.status}: {e.reason}", delay=RETRY_DELAY) from e
-    if outcome.problem is not None and outcome.problem != reported_problem(owner):
+    written = write_outcome(reconciler.kube, owner, reconciler.reconcile)
+    if written is None:
+        return
+    before, outcome = written
+    if outcome.problem is not None and outcome.problem != reported_problem(before):
         reason, message = outcome.problem
-        kopf.warn(owner, reason=reason, message=message)
+        kopf.warn(before, reason=reason, message=message)
+
+
+def _reconcile_named(reconciler: Reconciler, namespace: str, name: str) -> None:
+    owner = reconciler.kube.get(API_VERSION, KIND, namespace, name)
+    if owner is not None and not owner["metadata"].get("deletionTimestamp"):
+        _reconcile(reconciler, owner)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    _reconcile(memo.reconciler, dict(body))
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def resync(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    _reconcile(memo.reconciler, dict(body))
+def reconcile(
+    body: kopf.Body, memo: kopf.Memo, retry: int, logger: logging.Logger, **_: Any
+) -> None:
+    try:
+        _reconcile(memo.reconciler, dict(body))
+    except ApiException as e:
+        if namespace_terminating(e):
+            logger.info("not reconciled: %s", api_message(e))
+            return
+        raise kopf.TemporaryError(api_message(e), delay=retry_delay(retry)) from e
 
 
 def _owner(reconciler: Reconciler, child: kopf.Body) -> dict[str, Any] | None:
@@ -86,20 +142,42 @@ def _owner(reconciler: Reconciler, child: kopf.Body) -> dict[str, Any] | None:
     return owner if owner["metadata"]["uid"] == ref["uid"] else None
 
 
+def _handle_child(reconciler: Reconciler, child: kopf.Body, deleted: bool) -> None:
+    owner = _owner(reconciler, child)
+    if owner is None:
+        return
+    if deleted:
+        _reconcile(reconciler, owner)
+    else:
+        write_outcome(reconciler.kube, owner, reconciler.status)
+
+
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
 @kopf.on.event("", "v1", "services", labels=MANAGED_BY)
 @kopf.on.event("autoscaling", "horizontalpodautoscalers", labels=MANAGED_BY)
 @kopf.on.event("policy", "poddisruptionbudgets", labels=MANAGED_BY)
 @kopf.on.event("monitoring.coreos.com", "podmonitors", labels=MANAGED_BY)
-def child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    reconciler: Reconciler = memo.reconciler
-    try:
-        owner = _owner(reconciler, body)
-        if owner is None:
+async def child_changed(
+    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any
+) -> None:
+    """A deleted child is re-created; a Deployment's change refreshes the owner's status.
+
+    kopf never retries an event handler, so API errors are retried here, with backoff.
+    """
+    deleted = event["type"] == "DELETED"
+    if not deleted and body.get("kind") != "Deployment":
+        return
+    for attempt in range(CHILD_ATTEMPTS):
+        try:
+            await asyncio.to_thread(_handle_child, memo.reconciler, body, deleted)
             return
-        if event["type"] == "DELETED":
-            _reconcile(reconciler, owner)
-        elif body.get("kind") == "Deployment":
-            _write_status(reconciler.kube, owner, reconciler.status(owner))
-    except ApiException as e:
-        logging.getLogger(__name__).warning("child event not handled: %s %s", e.status, e.reason)
+        except ApiException as e:
+            if namespace_terminating(e):
+                logger.info("child event not handled: %s", api_message(e))
+                return
+            if attempt + 1 == CHILD_ATTEMPTS:
+                logger.warning("child event not handled, left to the resync: %s", api_message(e))
+                return
+            delay = retry_delay(attempt)
+            logger.warning("child event not handled, retry in %.0fs: %s", delay, api_message(e))
+            await asyncio.sleep(delay)

@@ -4,6 +4,9 @@ Children are written with server-side apply (field manager ``kvserve-operator``,
 forced): the operator states the whole object it wants and the API server merges it. Applying
 an unchanged object is a no-op on the server (no new resourceVersion), which is what makes
 reconciliation idempotent and safe to repeat after a restart.
+
+A status is written with the owner's ``resourceVersion`` as a precondition: the API server
+refuses it (409 Conflict) when the owner changed since it was read.
 """
 
 import json
@@ -22,6 +25,24 @@ PLURALS = {
     "PodMonitor": "podmonitors",
     "LLMDeployment": PLURAL,
 }
+
+
+def api_message(error: ApiException) -> str:
+    """The message of the API server's Status answer (it names the cause, e.g. "... because it
+    is being terminated"), else the HTTP status line."""
+    try:
+        return json.loads(error.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"{error.status} {error.reason}"
+
+
+def namespace_terminating(error: ApiException) -> bool:
+    """Whether the API server refused a write because its namespace is being deleted."""
+    try:
+        causes = json.loads(error.body)["details"]["causes"]
+    except (TypeError, ValueError, KeyError):
+        return False
+    return error.status == 403 and any(c.get("reason") == "NamespaceTerminating" for c in causes)
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
@@ -82,8 +103,9 @@ class Kube:
             raise
         return True
 
-    def patch_status(
-        self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
-    ) -> dict[str, Any]:
-        path = object_path(api_version, kind, namespace, name) + "/status"
-        return self._call("PATCH", path, {"status": status}, "application/merge-patch+json")
+    def patch_status(self, owner: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Merge ``status`` into ``owner``'s, provided ``owner`` is still its current version."""
+        meta = owner["metadata"]
+        path = object_path(owner["apiVersion"], owner["kind"], meta["namespace"], meta["name"])
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
+        return self._call("PATCH", path + "/status", body, "application/merge-patch+json")

@@ -5,7 +5,6 @@ so it converges from any starting point: a first create, an operator restart, a 
 by hand. Running it twice in a row changes nothing the second time.
 """
 
-import json
 import os
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -15,20 +14,14 @@ from kubernetes.client.rest import ApiException
 
 from kvserve.operator.children import desired_children, obsolete_children
 from kvserve.operator.discovery import discover
-from kvserve.operator.kube import Kube
-from kvserve.operator.spec import InvalidSpec, parse_spec
-from kvserve.operator.status import build_status, reported_problem
+from kvserve.operator.kube import Kube, api_message
+from kvserve.operator.metrics_source import CONDITION, MetricsSource
+from kvserve.operator.spec import InvalidSpec
+from kvserve.operator.status import build_status, reported_problem, with_condition
+from kvserve.operator.validation import validated
 
 IMAGE_ENV = "KVSERVE_SERVING_IMAGE"
 """The serving image when a spec names none (the chart sets it to its own image)."""
-
-
-def _message(error: ApiException) -> str:
-    """The message of the API server's Status answer, else the HTTP status line."""
-    try:
-        return json.loads(error.body)["message"]
-    except (TypeError, ValueError, KeyError):
-        return f"{error.status} {error.reason}"
 
 
 def default_image() -> str:
@@ -39,12 +32,27 @@ def default_image() -> str:
 class Outcome:
     status: dict[str, Any]
     problem: tuple[str, str] | None
-    """(reason, message) for the Event when the spec cannot be reconciled."""
+    """(reason, message) of the ``Degraded`` condition when the spec cannot be reconciled."""
 
 
 class Reconciler:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
+        self.metrics = MetricsSource(kube.api)
+
+    def _status(
+        self,
+        owner: dict[str, Any],
+        deployment: dict[str, Any] | None,
+        problem: tuple[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """``build_status``, with the ``CustomMetrics`` condition when an HPA scales ``owner``."""
+        status = build_status(owner, deployment, problem)
+        scaling = owner["spec"].get("autoscaling")
+        if not isinstance(scaling, dict) or scaling.get("controller", "HPA") != "HPA":
+            return status
+        verdict = self.metrics.verdict()
+        return status if verdict is None else with_condition(status, owner, CONDITION, *verdict)
 
     def _deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
         meta = owner["metadata"]
@@ -53,16 +61,16 @@ class Reconciler:
     def reconcile(self, owner: dict[str, Any]) -> Outcome:
         """Apply every child the spec asks for, delete the obsolete ones, compute the status.
 
-        An invalid spec, or one the API server rejects (400/422), leaves the children of the
-        last valid spec running and is reported as ``Degraded``. Other API errors propagate,
-        for the caller to retry with a delay.
+        A spec that fails validation (``validation.validated``: nothing is applied), or one the
+        API server rejects (400/422), leaves the children of the last valid spec running and is
+        reported as ``Degraded``. Other API errors propagate, for the caller to retry.
         """
         meta = owner["metadata"]
         try:
-            spec, source = parse_spec(dict(owner["spec"]))
+            spec, source = validated(owner)
         except InvalidSpec as e:
-            problem = ("InvalidSpec", str(e))
-            return Outcome(build_status(owner, self._deployment(owner), problem), problem)
+            problem = (e.reason, str(e))
+            return Outcome(self._status(owner, self._deployment(owner), problem), problem)
         apis = discover(self.kube.api)
         current = self._deployment(owner)
         replicas = current["spec"].get("replicas") if current else None
@@ -76,20 +84,20 @@ class Reconciler:
         except ApiException as e:
             if e.status not in (400, 422):
                 raise
-            problem = ("ApplyFailed", f"the API server rejected a child: {_message(e)}")
-            return Outcome(build_status(owner, deployment, problem), problem)
+            problem = ("ApplyFailed", f"the API server rejected a child: {api_message(e)}")
+            return Outcome(self._status(owner, deployment, problem), problem)
         for api_version, kind in obsolete_children(spec, apis):
             self.kube.delete(api_version, kind, meta["namespace"], meta["name"])
-        return Outcome(build_status(owner, deployment), None)
+        return Outcome(self._status(owner, deployment), None)
 
-    def status(self, owner: dict[str, Any]) -> dict[str, Any]:
+    def status(self, owner: dict[str, Any]) -> Outcome:
         """The status from the Deployment as it is now, without applying anything."""
         problem = None
         try:
-            parse_spec(dict(owner["spec"]))
+            validated(owner)
         except InvalidSpec as e:
-            problem = ("InvalidSpec", str(e))
+            problem = (e.reason, str(e))
         observed = (owner.get("status") or {}).get("observedGeneration")
         if problem is None and observed == owner["metadata"].get("generation"):
             problem = reported_problem(owner)  # e.g. ApplyFailed: holds until the spec changes
-        return build_status(owner, self._deployment(owner), problem)
+        return Outcome(self._status(owner, self._deployment(owner), problem), problem)

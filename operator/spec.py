@@ -13,9 +13,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvserve.operator.quantity import check_quantity
+
 
 class InvalidSpec(ValueError):
     """The spec can never be reconciled as written; only an edit of the spec fixes it."""
+
+    reason = "InvalidSpec"
+    """The ``Degraded`` condition's and the Event's reason."""
 
 
 class _Spec(BaseModel):
@@ -96,6 +101,15 @@ class ModelSource:
     """For pvc: the checkpoint's directory inside the claim ('' = the claim's root)."""
 
 
+RESOURCE_BOUNDS = {
+    "cpu": ("1m", "1000000"),
+    "memory": ("512Mi", "1Pi"),
+    "shmSize": ("1Mi", "1Pi"),
+}
+"""Quantities a serving pod can be given: beyond them, no node fits it (the API server clamps
+anything past 2^63-1 instead of refusing it), or, below 512Mi of memory, the server is killed
+while it imports torch (about 300 MiB on its own)."""
+
 _HF_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -133,6 +147,13 @@ def parse_spec(raw: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
         where = ".".join(str(p) for p in first["loc"])
         raise InvalidSpec(f"spec.{where}: {first['msg']}") from None
     source = parse_model_source(spec.model.source)
+    res = spec.resources
+    for field, text in (("cpu", res.cpu), ("memory", res.memory), ("shmSize", res.shm_size)):
+        if text is not None:
+            try:
+                check_quantity(f"resources.{field}", text, *RESOURCE_BOUNDS[field])
+            except ValueError as e:
+                raise InvalidSpec(str(e)) from None
     scaling = spec.autoscaling
     if scaling is not None:
         if scaling.min_replicas > scaling.max_replicas:

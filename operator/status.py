@@ -9,12 +9,14 @@ unchanged status yields the same object and patching it changes nothing.
 - ``Degraded``: the spec cannot be reconciled (reason ``InvalidSpec``) or applying it failed.
 
 ``phase`` condenses them: ``Degraded``, else ``Ready`` when nothing progresses and a pod is
-available (or none is wanted), else ``Progressing``.
+available (or none is wanted), else ``Progressing``. ``endpoint`` is left out for a name that
+cannot name a Service: there is none to advertise.
 """
 
 from datetime import UTC, datetime
 from typing import Any
 
+from kvserve.operator.names import is_service_name
 from kvserve.operator.resource import selector_string
 from kvserve.operator.service import endpoint
 
@@ -91,7 +93,7 @@ def build_status(
         phase = "Ready"
     else:
         phase = "Progressing"
-    return {
+    status = {
         "phase": phase,
         "replicas": replicas,
         "readyReplicas": ready,
@@ -100,3 +102,15 @@ def build_status(
         "conditions": [available, progressing, degraded_condition],
         "observedGeneration": meta.get("generation", 0),
     }
+    if not is_service_name(meta["name"]):
+        del status["endpoint"]
+    return status
+
+
+def with_condition(
+    status: dict[str, Any], owner: dict[str, Any], kind: str, ok: bool, reason: str, message: str
+) -> dict[str, Any]:
+    """``status`` with one more condition, its time kept from the owner's while its status holds."""
+    previous = (owner.get("status") or {}).get("conditions") or []
+    condition = _condition(kind, ok, reason, message, previous)
+    return {**status, "conditions": [*status["conditions"], condition]}

@@ -3,7 +3,8 @@
 ``ControlPlane`` starts etcd, kube-apiserver and kube-controller-manager (v1.20, RBAC on)
 through scripts/kube-control-plane.sh, which builds and caches them on first use. The operator
 runs as a subprocess (``kopf run``) with a kubeconfig holding a token of the chart's
-ServiceAccount, so every call it makes passes through the chart's ClusterRole.
+ServiceAccount, with the kopf arguments of the chart's own Deployment, so every call it makes
+passes through the chart's RBAC (ClusterRole, or a Role per watched namespace).
 """
 
 import os
@@ -83,12 +84,20 @@ class ControlPlane:
         return path
 
 
-class Operator:
-    """``kopf run`` of kvserve.operator.handlers as a subprocess with its own log file."""
+def kopf_run_args(command: list[str]) -> list[str]:
+    """The chart container's ``python -m kopf run ARGS`` as a test runs it: ARGS without the
+    liveness endpoint (a fixed port on a shared machine), verbose."""
+    assert command[:4] == ["python", "-m", "kopf", "run"], command
+    return [a for a in command[4:] if not a.startswith("--liveness=")] + ["--verbose"]
 
-    def __init__(self, kubeconfig: Path, log: Path) -> None:
+
+class Operator:
+    """``kopf run ARGS`` of kvserve.operator.handlers as a subprocess with its own log file."""
+
+    def __init__(self, kubeconfig: Path, log: Path, args: list[str]) -> None:
         self.kubeconfig = kubeconfig
         self.log = log
+        self.args = args
         self.process: subprocess.Popen[bytes] | None = None
         self.env = {"KVSERVE_SERVING_IMAGE": "kvserve:test", "KVSERVE_RESYNC_SECONDS": "3600"}
 
@@ -96,17 +105,7 @@ class Operator:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kopf",
-                    "run",
-                    "--standalone",
-                    "--all-namespaces",
-                    "--verbose",
-                    "-m",
-                    "kvserve.operator.handlers",
-                ],
+                [sys.executable, "-m", "kopf", "run", *self.args],
                 cwd=ROOT,
                 env=env,
                 stdout=out,

@@ -52,6 +52,7 @@ class KubeTools:
     """Environment for helm: its cache, config and data in a private temporary directory."""
 
     def helm_run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(self.helm), *args], env=self.env, capture_output=True, text=True, check=check
-        )
+        out = subprocess.run([str(self.helm), *args], env=self.env, capture_output=True, text=True)
+        if check and out.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed: {out.stderr}")
+        return out

@@ -16,10 +16,43 @@ LLMD_CHART = str(ROOT / "charts" / "llmdeployment")
 
 
 def template(tools: KubeTools, chart: str, *values: str) -> dict[str, dict[str, Any]]:
-    """``helm template`` → {kind/name: manifest}."""
+    """``helm template`` → {kind/name: manifest} (kind/namespace/name for a Role and binding)."""
     out = tools.helm_run("template", "demo", chart, "--namespace", "kvs", "--include-crds", *values)
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    return {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
+    return {_key(d): d for d in docs}
+
+
+def _key(doc: dict[str, Any]) -> str:
+    meta = doc["metadata"]
+    if doc["kind"] in ("Role", "RoleBinding"):
+        return f"{doc['kind']}/{meta['namespace']}/{meta['name']}"
+    return f"{doc['kind']}/{meta['name']}"
+
+
+RULES = [
+    {"apiGroups": ["kvserve.io"], "resources": ["llmdeployments"],
+     "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["kvserve.io"], "resources": ["llmdeployments/status"], "verbs": ["patch"]},
+    {"apiGroups": ["apps"], "resources": ["deployments"],
+     "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch", "create", "patch"]},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"],
+     "verbs": ["list", "watch", "create", "patch"]},
+    {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"],
+     "verbs": ["list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"],
+     "verbs": ["list", "watch", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]  # fmt: skip
+"""Exactly what the operator calls: the SA-run cluster tests fail on any missing verb."""
+LABELS = {
+    "app.kubernetes.io/name": "kvserve-operator",
+    "app.kubernetes.io/instance": "demo",
+    "app.kubernetes.io/version": "0.1.0",
+    "app.kubernetes.io/managed-by": "Helm",
+    "helm.sh/chart": "kvserve-operator-0.1.0",
+}
+SUBJECTS = [{"kind": "ServiceAccount", "name": "demo-kvserve-operator", "namespace": "kvs"}]
 
 
 @pytest.mark.parametrize(
@@ -27,6 +60,7 @@ def template(tools: KubeTools, chart: str, *values: str) -> dict[str, dict[str, 
     [
         (OPERATOR_CHART, []),
         (OPERATOR_CHART, ["--set", "metricsAdapter.enabled=true"]),
+        (OPERATOR_CHART, ["--set", "watchNamespaces={ml,serving}"]),
         (LLMD_CHART, []),
         (LLMD_CHART, ["--set", "keda.enabled=true,autoscaling.maxReplicas=3"]),
     ],
@@ -37,7 +71,8 @@ def test_lint_strict(kube_tools: KubeTools, chart: str, values: list[str]) -> No
 
 
 def test_operator_chart_manifests(kube_tools: KubeTools) -> None:
-    docs = template(kube_tools, OPERATOR_CHART, "--set", "metricsAdapter.enabled=true")
+    values = "metricsAdapter.enabled=true,metricsAPI.enabled=false"  # the adapter mode
+    docs = template(kube_tools, OPERATOR_CHART, "--set", values)
     assert sorted(docs) == [
         "ClusterRole/demo-kvserve-operator",
         "ClusterRoleBinding/demo-kvserve-operator",
@@ -75,25 +110,73 @@ def test_operator_chart_manifests(kube_tools: KubeTools) -> None:
     ]
 
 
-def test_rbac_is_least_privilege(kube_tools: KubeTools) -> None:
-    rules = template(kube_tools, OPERATOR_CHART)["ClusterRole/demo-kvserve-operator"]["rules"]
-    granted = {
-        (group, resource): tuple(rule["verbs"])
-        for rule in rules
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
+def _rbac(docs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The operator's own RBAC (the metrics API's: tests/k8s/test_metrics_api_chart.py)."""
+    return {
+        k: v
+        for k, v in docs.items()
+        if v["apiVersion"] == "rbac.authorization.k8s.io/v1"
+        and v["metadata"]["labels"].get("app.kubernetes.io/component") != "metrics-api"
     }
-    watch_apply = ("get", "list", "watch", "create", "patch")
-    assert granted == {
-        ("kvserve.io", "llmdeployments"): ("get", "list", "watch", "patch"),
-        ("kvserve.io", "llmdeployments/status"): ("get", "patch"),
-        ("apps", "deployments"): watch_apply,
-        ("", "services"): watch_apply,
-        ("policy", "poddisruptionbudgets"): watch_apply,
-        ("autoscaling", "horizontalpodautoscalers"): (*watch_apply, "delete"),
-        ("monitoring.coreos.com", "podmonitors"): watch_apply,
-        ("", "events"): ("create",),
+
+
+def test_cluster_wide_rbac_exact(kube_tools: KubeTools) -> None:
+    name = "demo-kvserve-operator"
+    assert _rbac(template(kube_tools, OPERATOR_CHART)) == {
+        f"ClusterRole/{name}": {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name, "labels": LABELS},
+            "rules": RULES,
+        },
+        f"ClusterRoleBinding/{name}": {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name, "labels": LABELS},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": SUBJECTS,
+        },
     }
+
+
+def test_namespaced_rbac_and_command_exact(kube_tools: KubeTools) -> None:
+    name = "demo-kvserve-operator"
+    docs = template(kube_tools, OPERATOR_CHART, "--set", "watchNamespaces={ml,serving}")
+    expected = {}
+    for ns in ("ml", "serving"):
+        meta = {"name": name, "namespace": ns, "labels": LABELS}
+        expected[f"Role/{ns}/{name}"] = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": RULES,
+        }
+        expected[f"RoleBinding/{ns}/{name}"] = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": SUBJECTS,
+        }
+    assert _rbac(docs) == expected
+    for doc in docs.values():
+        kubernetes_validate.validate(doc, K8S_SCHEMA_VERSION, strict=True)
+    container = docs[f"Deployment/{name}"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == [
+        "python", "-m", "kopf", "run", "--standalone", "--namespace=ml", "--namespace=serving",
+        "--liveness=http://0.0.0.0:8080/healthz", "-m", "kvserve.operator.handlers",
+    ]  # fmt: skip
+
+
+def test_watch_namespaces_must_be_namespace_names(kube_tools: KubeTools) -> None:
+    out = kube_tools.helm_run(
+        "template", "demo", OPERATOR_CHART, "--set", "watchNamespaces={Bad_NS}", check=False
+    )
+    assert out.returncode == 1 and "/watchNamespaces/0" in out.stderr
 
 
 def test_adapter_rules_name_the_metrics_the_hpa_uses(kube_tools: KubeTools) -> None:

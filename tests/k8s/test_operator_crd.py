@@ -51,6 +51,8 @@ def test_samples_match_the_crd_schema(sample: str) -> None:
             "1.5 is greater than the maximum of 1",
         ),
         (("spec", "resources", "memory"), "lots", "'lots' does not match"),
+        (("spec", "resources", "memory"), "4K", "'4K' does not match"),
+        (("spec", "resources", "shmSize"), "1K", "'1K' does not match"),
         (("spec", "model"), {"revision": "main"}, "'source' is a required property"),
     ],
 )

@@ -150,6 +150,7 @@ def test_hf_gpu_deployment_exact(hf_owner: dict[str, Any]) -> None:
                             "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
                             "env": [
                                 {"name": "HOME", "value": "/tmp"},
+                                {"name": "OMP_NUM_THREADS", "value": "4"},
                                 {
                                     "name": "KVSERVE_API_KEY",
                                     "valueFrom": {
@@ -229,25 +230,26 @@ def test_cpu_model_in_image() -> None:
     assert render(body)["Deployment"]["spec"]["replicas"] == 2
 
 
-def test_pvc_tensor_parallel() -> None:
-    body = owner("pvc-tensor-parallel.yaml")
+def test_pvc_checkpoint() -> None:
+    body = owner("pvc-llama-8b.yaml")
     pod = render(body)["Deployment"]["spec"]["template"]["spec"]
     server = pod["containers"][0]
     assert server["args"][:3] == ["serve", "--model", "/models/llama-3.1-8b-instruct"]
-    assert server["args"][-7:] == [
-        "--tensor-parallel-size", "2",
+    assert server["args"][-9:] == [
+        "--dtype", "bfloat16",
+        "--tensor-parallel-size", "1",
         "--no-enable-prefix-caching",
         "--shutdown-timeout", "600",
         "--max-waiting-requests", "256",
     ]  # fmt: skip
     assert pod["volumes"] == [
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
         {"name": "tmp", "emptyDir": {}},
         {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
     ]
     assert server["resources"] == {
-        "requests": {"nvidia.com/gpu": "2"},
-        "limits": {"nvidia.com/gpu": "2"},
+        "requests": {"nvidia.com/gpu": "1"},
+        "limits": {"nvidia.com/gpu": "1"},
     }
     assert pod["nodeSelector"] == {"pool": "gpu"}
     assert pod["tolerations"] == [
@@ -260,7 +262,29 @@ def test_user_env_replaces_ours_by_name() -> None:
     body = owner("cpu-demo.yaml")
     body["spec"]["env"] = [{"name": "HOME", "value": "/home/x"}, {"name": "A", "value": "1"}]
     env = render(body)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert env == [{"name": "HOME", "value": "/home/x"}, {"name": "A", "value": "1"}]
+    assert env == [
+        {"name": "HOME", "value": "/home/x"},
+        {"name": "OMP_NUM_THREADS", "value": "2"},
+        {"name": "A", "value": "1"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cpu", "threads"), [("500m", "1"), ("1", "1"), ("1500m", "2"), ("2", "2"), ("0.25", "1")]
+)
+def test_cpu_limit_sets_the_thread_count(cpu: str, threads: str) -> None:
+    """torch would size its thread pool by the node's cores, beyond what the CPU quota gives."""
+    body = owner("cpu-demo.yaml")
+    body["spec"]["resources"] = {"cpu": cpu, "memory": "1Gi"}
+    env = render(body)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env == [{"name": "HOME", "value": "/tmp"}, {"name": "OMP_NUM_THREADS", "value": threads}]
+
+
+def test_no_cpu_limit_no_thread_count() -> None:
+    body = owner("cpu-demo.yaml")
+    body["spec"]["resources"] = {"memory": "1Gi"}
+    env = render(body)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env == [{"name": "HOME", "value": "/tmp"}]
 
 
 def test_service_pdb_hpa_podmonitor_exact(hf_owner: dict[str, Any]) -> None:

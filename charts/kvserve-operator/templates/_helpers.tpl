@@ -22,6 +22,40 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- default (include "kvserve-operator.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
+{{/*
+Exactly the verbs the operator uses. kopf lists and watches every kind it handles and patches
+its annotations on LLMDeployments; the operator reads LLMDeployments and Deployments, writes
+children with server-side apply (create + patch) and the status with a patch, deletes only an
+HPA that a spec stops asking for, and posts Events. Everything else goes with its LLMDeployment
+through owner references and the garbage collector.
+*/}}
+{{- define "kvserve-operator.rules" -}}
+- apiGroups: [kvserve.io]
+  resources: [llmdeployments]
+  verbs: [get, list, watch, patch]
+- apiGroups: [kvserve.io]
+  resources: [llmdeployments/status]
+  verbs: [patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [list, watch, create, patch]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [list, watch, create, patch]
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [list, watch, create, patch, delete]
+- apiGroups: [monitoring.coreos.com]
+  resources: [podmonitors]
+  verbs: [list, watch, create, patch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end -}}
+
 {{- define "kvserve-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}

@@ -1,0 +1,30 @@
+"""Every check an LLMDeployment passes before the operator applies anything to the cluster.
+
+Its name can name every child (``names``), its spec parses within the bounds the CRD's schema
+cannot state (``spec.parse_spec``), and the server would start with the container the spec
+renders (``server_args``). A failed check raises ``InvalidSpec``: the operator reports it as
+``Degraded`` with one Event, and leaves whatever runs from an earlier valid spec running.
+"""
+
+from typing import Any
+
+from kvserve.operator.deployment import serve_args, server_env
+from kvserve.operator.names import name_problem
+from kvserve.operator.server_args import server_refusal
+from kvserve.operator.spec import InvalidSpec, LLMDeploymentSpec, ModelSource, parse_spec
+
+
+class InvalidName(InvalidSpec):
+    reason = "InvalidName"
+
+
+def validated(owner: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
+    name = owner["metadata"]["name"]
+    problem = name_problem(name)
+    if problem is not None:
+        raise InvalidName(problem)
+    spec, source = parse_spec(dict(owner["spec"]))
+    refusal = server_refusal(serve_args(name, spec, source), server_env(spec))
+    if refusal is not None:
+        raise InvalidSpec(f"kvserve serve would refuse to start: {refusal}")
+    return spec, source

@@ -1,0 +1,194 @@
+"""What the operator refuses before applying anything: names, quantities, server arguments."""
+
+import copy
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import yaml
+
+from k8s.support import ROOT, SAMPLES, KubeTools, owner
+from kvserve.operator.children import desired_children
+from kvserve.operator.discovery import ClusterApis
+from kvserve.operator.quantity import parse_quantity
+from kvserve.operator.server_args import server_refusal
+from kvserve.operator.spec import InvalidSpec, parse_spec
+from kvserve.operator.status import build_status
+from kvserve.operator.validation import InvalidName, validated
+from kvserve.server.cli import build_parser, engine_config
+
+TP2 = {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}}
+
+
+def _server(body: dict[str, Any]) -> dict[str, Any]:
+    spec, source = validated(body)
+    children = desired_children(body, spec, source, ClusterApis(), "kvserve:0.1.0", None)
+    deployment = next(c for c in children if c["kind"] == "Deployment")
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def _chart_default(tools: KubeTools) -> dict[str, Any]:
+    chart = str(ROOT / "charts" / "llmdeployment")
+    out = tools.helm_run("template", "demo", chart, "--namespace", "kvs")
+    (body,) = [d for d in yaml.safe_load_all(out.stdout) if d]
+    body["metadata"].update(uid="uid-1", generation=1)
+    return body
+
+
+def _parse_as_the_server_would(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch):
+    """``kvserve ARGS`` through the server's own CLI parser, in the container's environment."""
+    for name in [n for n in os.environ if n.startswith("KVSERVE_")]:
+        monkeypatch.delenv(name)
+    for entry in container["env"]:
+        if "value" in entry:
+            monkeypatch.setenv(entry["name"], entry["value"])
+    assert container["command"] == ["kvserve"]
+    args = build_parser().parse_args(container["args"])
+    return args, engine_config(args)
+
+
+@pytest.mark.parametrize("sample", [p.name for p in SAMPLES])
+def test_every_sample_renders_args_the_server_accepts(
+    sample: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = owner(sample)
+    container = _server(body)
+    args, config = _parse_as_the_server_would(container, monkeypatch)
+    spec, _ = parse_spec(body["spec"])
+    assert (args.command, args.port, args.host) == ("serve", 8000, "0.0.0.0")
+    assert args.shutdown_timeout == spec.drain.timeout_seconds
+    assert config.tensor_parallel_size == 1
+    assert server_refusal(container["args"], container["env"]) is None
+
+
+def test_chart_default_renders_args_the_server_accepts(
+    kube_tools: KubeTools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    container = _server(_chart_default(kube_tools))
+    args, config = _parse_as_the_server_would(container, monkeypatch)
+    assert (args.model, args.served_model_name) == ("/models/model", "demo")
+    assert (config.device, config.dtype, config.enable_prefix_caching) == ("cpu", "auto", True)
+
+
+def test_tensor_parallel_is_refused_as_the_server_refuses_it() -> None:
+    body = owner("cpu-demo.yaml")
+    body["spec"].update(TP2)
+    with pytest.raises(InvalidSpec) as e:
+        validated(body)
+    assert (e.value.reason, str(e.value)) == (
+        "InvalidSpec",
+        "kvserve serve would refuse to start: tensor_parallel_size > 1 is not supported yet; use 1",
+    )
+
+
+@pytest.mark.parametrize(
+    ("patch", "refusal"),
+    [
+        ({"extraArgs": ["--bogus"]}, "unrecognized arguments: --bogus"),
+        ({"extraArgs": ["--help"]}, "unrecognized arguments: --help"),
+        ({"extraArgs": ["--port", "http"]}, "argument --port: invalid int value: 'http'"),
+        ({"extraArgs": ["--num-kv-blocks", "0"]}, "num_kv_blocks must be >= 1, got 0"),
+        (
+            {"env": [{"name": "KVSERVE_ATTENTION_BACKEND", "value": "flash"}]},
+            "kvserve: KVSERVE_ATTENTION_BACKEND must be one of auto, torch, cpu, triton",
+        ),
+        (
+            {"env": [{"name": "KVSERVE_ENFORCE_EAGER", "value": "maybe"}]},
+            "kvserve: KVSERVE_ENFORCE_EAGER must be true or false, not 'maybe'",
+        ),
+    ],
+)
+def test_what_the_server_refuses_is_an_invalid_spec(patch: dict, refusal: str) -> None:
+    body = owner("cpu-demo.yaml")
+    body["spec"].update(patch)
+    with pytest.raises(InvalidSpec) as e:
+        validated(body)
+    assert str(e.value) == f"kvserve serve would refuse to start: {refusal}"
+
+
+def test_env_from_a_secret_is_not_guessed() -> None:
+    body = owner("cpu-demo.yaml")
+    body["spec"]["env"] = [
+        {"name": "KVSERVE_PORT", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+    ]
+    validated(body)
+
+
+@pytest.mark.parametrize("name", ["1model", "with.dot", "Upper", "ends-", "a" * 64, "under_score"])
+def test_names_that_cannot_name_a_service(name: str) -> None:
+    body = owner("cpu-demo.yaml")
+    body["metadata"]["name"] = name
+    with pytest.raises(InvalidName) as e:
+        validated(body)
+    assert (e.value.reason, str(e.value)) == (
+        "InvalidName",
+        f"metadata.name {name!r} cannot name a Service: use a DNS-1035 label (a lowercase "
+        "letter, then lowercase letters, digits or '-', not ending in '-', at most 63 "
+        "characters)",
+    )
+    status = build_status(body, None, (e.value.reason, str(e.value)))
+    assert "endpoint" not in status and status["phase"] == "Degraded"
+
+
+def test_longest_service_name_is_served() -> None:
+    body = owner("cpu-demo.yaml")
+    body["metadata"]["name"] = "a" + "-0" * 31
+    validated(body)
+    assert build_status(body, None)["endpoint"] == f"http://{'a' + '-0' * 31}.ml.svc:8000/v1"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("500m", "0.5"),
+        ("16Gi", str(16 * 2**30)),
+        ("1.5", "1.5"),
+        ("2e3", "2000"),
+        ("4k", "4000"),
+        ("1E", str(10**18)),
+        (".5Ki", "512"),
+    ],
+)
+def test_quantities(text: str, value: str) -> None:
+    assert parse_quantity(text) == parse_quantity(value)
+
+
+@pytest.mark.parametrize("text", ["4K", "1ki", "NaN", "Infinity", "1 ", "1\n", "", "1e1000"])
+def test_not_quantities(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_quantity(text)
+
+
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        ({"memory": "99999999999Ei"}, "resources.memory '99999999999Ei' is outside 512Mi..1Pi"),
+        ({"memory": "2Pi"}, "resources.memory '2Pi' is outside 512Mi..1Pi"),
+        ({"memory": "64Mi"}, "resources.memory '64Mi' is outside 512Mi..1Pi"),
+        ({"cpu": "2000000"}, "resources.cpu '2000000' is outside 1m..1000000"),
+        ({"cpu": "0"}, "resources.cpu '0' is outside 1m..1000000"),
+        ({"shmSize": "9Ei"}, "resources.shmSize '9Ei' is outside 1Mi..1Pi"),
+        ({"memory": "4K"}, "resources.memory: '4K' is not a Kubernetes quantity"),
+    ],
+)
+def test_absurd_quantities_are_invalid(resources: dict[str, str], message: str) -> None:
+    raw = copy.deepcopy(owner("cpu-demo.yaml")["spec"])
+    raw["resources"].update(resources)
+    with pytest.raises(InvalidSpec) as e:
+        parse_spec(raw)
+    assert str(e.value) == message
+
+
+def test_the_operator_imports_no_torch() -> None:
+    """The operator's pod has 256Mi; torch alone would take more. Validating a spec with the
+    server's own parser and engine settings must not load it."""
+    code = (
+        "import sys, kvserve.operator.handlers, kvserve.operator.validation\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout == "[]\n"

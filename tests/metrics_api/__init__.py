@@ -1,0 +1,1 @@
+"""The custom metrics API's tests: a package, so its conftest does not shadow tests/conftest.py."""
