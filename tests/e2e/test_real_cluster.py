@@ -1,0 +1,96 @@
+"""The end-to-end scenarios (e2e/scenarios.py) on a real single-node cluster, with real pods.
+
+The module fixture builds the serving image (scripts/build-image.sh, cached), starts a node
+(scripts/kube-node.sh: control plane, containerd, kubelet and kube-proxy in their own network
+namespace) with that image imported, and stops the node at the end, whatever happened. Each
+scenario is one test, in the order of ``SCENARIOS``: each builds on what the previous one left,
+so after a failure the rest are skipped. Traffic goes to the Services' ClusterIPs and the pod
+IPs, which the node routes from the root network namespace.
+
+Root only. KVSERVE_SKIP_E2E=1 skips them explicitly, and so does KVSERVE_SKIP_K8S=1 (no
+Kubernetes binaries are built then).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from k8s.support import CACHE, ROOT, KubeTools
+
+sys.path.insert(0, str(ROOT / "e2e"))
+from cluster import Cluster
+from scenarios import SCENARIOS, Context, Scenario, diagnostics, run_scenario
+
+NODE = ROOT / "scripts" / "kube-node.sh"
+BUILD_IMAGE = ROOT / "scripts" / "build-image.sh"
+IMAGE_TAR = CACHE / "images" / "kvserve-dev.tar"
+BUILD_TIMEOUT = 2400
+"""A cold image build: a Debian base, then the Python dependencies (CPU torch) from PyPI."""
+NODE_TIMEOUT = 300
+NODE_SETTINGS = {
+    "KVSERVE_NODE_NAME": "kvserve-e2e",
+    "KVSERVE_NODE_NETNS": "kvse2e",
+    "KVSERVE_NODE_VETH_HOST": "kvse2e-host",
+    "KVSERVE_NODE_VETH_NODE": "kvse2e-node",
+    "KVSERVE_NODE_HOST_IP": "172.31.253.1",
+    "KVSERVE_NODE_IP": "172.31.253.2",
+    "KVSERVE_NODE_POD_CIDR": "10.246.0.0/24",
+    "KVSERVE_NODE_POD_GATEWAY": "10.246.0.1",
+    "KVSERVE_NODE_SERVICE_CIDR": "10.98.0.0/16",
+    "KVSERVE_NODE_API_SERVICE_IP": "10.98.0.1",
+}
+"""A node of its own (namespace, addresses, cgroup root), apart from the node tests' one."""
+
+
+def _skip_reason() -> str | None:
+    if os.environ.get("KVSERVE_SKIP_E2E") == "1":
+        return "KVSERVE_SKIP_E2E=1 set explicitly"
+    if os.environ.get("KVSERVE_SKIP_K8S") == "1":
+        return "KVSERVE_SKIP_K8S=1 set explicitly: no Kubernetes binaries for the node"
+    if os.geteuid() != 0:
+        return "the real node needs root (network namespace, containerd, kubelet)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+
+
+@pytest.fixture(scope="module")
+def context(kube_tools: KubeTools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Context]:
+    subprocess.run([str(BUILD_IMAGE), str(IMAGE_TAR)], check=True, timeout=BUILD_TIMEOUT)
+    state = tmp_path_factory.mktemp("node")
+    try:
+        start = [str(NODE), "start", str(state), str(IMAGE_TAR)]
+        env = {**os.environ, **NODE_SETTINGS}
+        subprocess.run(start, check=True, timeout=NODE_TIMEOUT, env=env)
+        lines = (state / "env").read_text().splitlines()
+        kubeconfig = Path(dict(line.split("=", 1) for line in lines if "=" in line)["KUBECONFIG"])
+        cluster = Cluster(kubeconfig, str(kube_tools.kubectl), str(kube_tools.helm), kube_tools.env)
+        yield Context(cluster, image="localhost/kvserve:dev", pull_policy="Never")
+    finally:
+        subprocess.run([str(NODE), "stop", str(state)], check=True, timeout=NODE_TIMEOUT)
+        # The node's runtime state (containerd's images and snapshots, about 3 GB); logs stay.
+        shutil.rmtree(state / "state", ignore_errors=False)
+
+
+@pytest.fixture(scope="module")
+def failed() -> list[str]:
+    """Names of the scenarios that failed so far."""
+    return []
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT + NODE_TIMEOUT + 900)
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_scenario(context: Context, scenario: Scenario, failed: list[str]) -> None:
+    if failed:
+        pytest.skip(f"{failed[0]} failed; the scenarios after it build on its state")
+    try:
+        run_scenario(context, scenario)
+    except BaseException:
+        failed.append(scenario.name)
+        print(diagnostics(context), file=sys.stderr)
+        raise
