@@ -117,3 +117,26 @@ def play_node(plane: ControlPlane, ns: str, name: str) -> int:
         body = {"status": {"phase": "Running", "conditions": [ready]}}
         core.patch_namespaced_pod_status(pod.metadata.name, ns, body)
     return len(pods)
+
+
+def pod_monitor_crd(spec_schema: dict[str, Any]) -> dict[str, Any]:
+    """A stand-in for the Prometheus operator's PodMonitor CRD, its ``spec`` as given."""
+    schema = {"type": "object", "properties": {"spec": spec_schema}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }

@@ -10,7 +10,6 @@ passes through the chart's RBAC (ClusterRole, or a Role per watched namespace).
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,19 +18,15 @@ from kubernetes import client, config
 
 from k8s.support import HARNESS, ROOT, KubeTools
 
+sys.path.insert(0, str(ROOT / "e2e"))  # e2e/ holds scripts, not a package
+from cluster import wait_for as poll
+
 T = TypeVar("T")
 
 
 def wait_for(probe: Callable[[], T], what: str, timeout: float = 60.0) -> T:
     """Poll ``probe`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
+    return poll(probe, what, timeout, interval=0.2)
 
 
 class ControlPlane:

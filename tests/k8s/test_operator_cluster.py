@@ -24,6 +24,7 @@ from k8s.cluster_objects import (
     llmd,
     namespace,
     play_node,
+    pod_monitor_crd,
 )
 from k8s.kube_cluster import ControlPlane, Operator, wait_for
 from k8s.support import load_sample
@@ -228,7 +229,7 @@ def test_rejected_spec_is_degraded(plane: ControlPlane, operator: Operator, kube
     assert (degraded["status"], degraded["reason"]) == ("True", "ApplyFailed")
     assert degraded["message"].startswith(
         'the API server rejected a child: Deployment.apps "cpu-demo" is invalid: '
-        'spec.template.spec.containers[0].env[1].name: Invalid value: "not valid!"'
+        'spec.template.spec.containers[0].env[2].name: Invalid value: "not valid!"'
     )
     event = wait_for(lambda: events_for(plane, ns, "cpu-demo"), "the Event")
     assert event == [{"type": "Warning", "reason": "ApplyFailed", "message": degraded["message"]}]
@@ -362,30 +363,7 @@ def test_delete_leaves_nothing_behind(plane: ControlPlane, operator: Operator, k
     wait_for(nothing_left, "the garbage collector to remove every child")
 
 
-ANY_OBJECT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-POD_MONITOR_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
-    "spec": {
-        "group": "monitoring.coreos.com",
-        "scope": "Namespaced",
-        "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
+POD_MONITOR_CRD = pod_monitor_crd({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
 
 
 def test_pod_monitor_once_the_prometheus_operator_api_exists(

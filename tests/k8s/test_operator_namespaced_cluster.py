@@ -18,6 +18,7 @@ from k8s.cluster_objects import (
     llmd,
     namespace,
     play_node,
+    pod_monitor_crd,
 )
 from k8s.kube_cluster import ControlPlane, Operator, wait_for
 from k8s.support import load_sample
@@ -37,35 +38,9 @@ def chart_values(plane: ControlPlane) -> list[str]:
     return [*NO_METRICS_API, "--set", f"watchNamespaces={{{','.join(WATCHED)}}}"]
 
 
-STRICT_POD_MONITOR_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
-    "spec": {
-        "group": "monitoring.coreos.com",
-        "scope": "Namespaced",
-        "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "required": ["mustHave"],
-                                "x-kubernetes-preserve-unknown-fields": True,
-                            }
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
+STRICT_POD_MONITOR_CRD = pod_monitor_crd(
+    {"type": "object", "required": ["mustHave"], "x-kubernetes-preserve-unknown-fields": True}
+)
 """A PodMonitor API whose schema refuses the PodMonitor the operator renders (422)."""
 
 
