@@ -485,8 +485,24 @@ def main() -> int:
     parser.add_argument("--kubectl", default="kubectl", help="the kubectl binary")
     parser.add_argument("--helm", default="helm", help="the helm binary")
     parser.add_argument("--only", nargs="*", choices=[s.name for s in SCENARIOS], default=None)
+    parser.add_argument(
+        "--autoscaling",
+        action="store_true",
+        help="install the chart's own custom metrics API too and run the HPA scenario of "
+        "e2e/autoscale.py last (the cluster needs the aggregation layer)",
+    )
     args = parser.parse_args()
     access: Access = args.access
+    scenarios = list(SCENARIOS)
+    if args.autoscaling:
+        from autoscale import autoscaling_scales_on_queue_depth  # it imports this module
+
+        hpa = Scenario("autoscaling-on-queue-depth", autoscaling_scales_on_queue_depth)
+        scenarios.append(hpa)
+    wanted = {
+        *(args.only or [s.name for s in scenarios]),
+        *(["autoscaling-on-queue-depth"] if args.autoscaling else []),
+    }
     ctx = Context(
         Cluster(args.kubeconfig, args.kubectl, args.helm, access=access),
         namespace=args.namespace,
@@ -494,10 +510,11 @@ def main() -> int:
         release=args.release,
         image=args.image,
         pull_policy=args.pull_policy,
+        chart_values=() if args.autoscaling else Context.chart_values,
     )
     started = time.monotonic()
-    for scenario in SCENARIOS:
-        if args.only is None or scenario.name in args.only:
+    for scenario in scenarios:
+        if scenario.name in wanted:
             try:
                 run_scenario(ctx, scenario)
             except BaseException:

@@ -553,10 +553,12 @@ start() {
 
 # ---------------------------------------------------------------- steps of stop
 
-delete_workloads() {  # controllers first (else they recreate pods), then pods, so CNI DEL runs
+delete_workloads() {  # no controller left to recreate pods, then the pods, so CNI DEL runs
     api_ready >/dev/null 2>&1 || return 0
-    kube delete deployments,replicasets,statefulsets,daemonsets,jobs,cronjobs,replicationcontrollers \
-        --all --all-namespaces --cascade=orphan || true
+    # Stopping the controller-manager and the scheduler first also covers operators running
+    # as pods: whatever they still create gets no pod.
+    stop_pid kube-controller-manager "$PIDS/kube-controller-manager.pid"
+    stop_pid kube-scheduler "$PIDS/kube-scheduler.pid"
     kube delete pods --all --all-namespaces --grace-period=2 --wait=false || true
     # The kubelet stops each sandbox (CNI DEL first) once its containers are gone; the API
     # objects linger a while longer, which teardown need not wait for.

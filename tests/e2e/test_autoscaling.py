@@ -1,0 +1,87 @@
+"""The real HPA scales an LLMDeployment on queue depth through kvserve's own custom metrics API.
+
+A node of its own (scripts/kube-node.sh, names and networks apart from the other e2e and node
+tests, a 5 s HPA sync), the serving image imported, the operator chart installed with its
+defaults (the metrics API on) but for the image, its pull policy and a short resync; then
+e2e/autoscale.py's scenario: load up to 2+ Ready pods, load off back to 1, no stream cut. The
+node is stopped at the end, whatever happened. Root only; KVSERVE_SKIP_E2E=1 skips it.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from k8s.support import ROOT, KubeTools
+from test_real_cluster import (
+    BUILD_IMAGE,
+    BUILD_TIMEOUT,
+    IMAGE_TAR,
+    NODE,
+    NODE_TIMEOUT,
+    _skip_reason,
+)
+
+sys.path.insert(0, str(ROOT / "e2e"))
+from autoscale import run_autoscaling
+from cluster import Cluster
+from scenarios import SCENARIOS, Context, check_operator_log, diagnostics, run_scenario
+
+NODE_SETTINGS = {
+    "KVSERVE_NODE_NAME": "kvnode-hpa",
+    "KVSERVE_NODE_NETNS": "kvnode-hpa",
+    "KVSERVE_NODE_VETH_HOST": "kh-host",
+    "KVSERVE_NODE_VETH_NODE": "kh-node",
+    "KVSERVE_NODE_HOST_IP": "172.31.252.1",
+    "KVSERVE_NODE_IP": "172.31.252.2",
+    "KVSERVE_NODE_POD_CIDR": "10.247.0.0/24",
+    "KVSERVE_NODE_POD_GATEWAY": "10.247.0.1",
+    "KVSERVE_NODE_SERVICE_CIDR": "10.99.0.0/16",
+    "KVSERVE_NODE_API_SERVICE_IP": "10.99.0.1",
+    "KVSERVE_NODE_HPA_SYNC": "5s",
+    "KVSERVE_NODE_HPA_DOWNSCALE": "15s",
+}
+"""Apart from tests/e2e/test_real_cluster.py's and tests/node's nodes, so all can run at once."""
+SCALE_UP_BOUND = 120.0
+SCALE_DOWN_BOUND = 150.0
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+
+
+@pytest.fixture(scope="module")
+def context(kube_tools: KubeTools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Context]:
+    subprocess.run([str(BUILD_IMAGE), str(IMAGE_TAR)], check=True, timeout=BUILD_TIMEOUT)
+    state = tmp_path_factory.mktemp("hpa-node")
+    try:
+        start = [str(NODE), "start", str(state), str(IMAGE_TAR)]
+        env = {**os.environ, **NODE_SETTINGS}
+        subprocess.run(start, check=True, timeout=NODE_TIMEOUT, env=env)
+        lines = (state / "env").read_text().splitlines()
+        kubeconfig = Path(dict(line.split("=", 1) for line in lines if "=" in line)["KUBECONFIG"])
+        cluster = Cluster(kubeconfig, str(kube_tools.kubectl), str(kube_tools.helm), kube_tools.env)
+        yield Context(cluster, namespace="kvserve-hpa", image="localhost/kvserve:dev",
+                      pull_policy="Never", chart_values=())  # fmt: skip
+    finally:
+        subprocess.run([str(NODE), "stop", str(state)], check=True, timeout=NODE_TIMEOUT)
+        shutil.rmtree(state / "state", ignore_errors=False)
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT + NODE_TIMEOUT + 900)
+def test_hpa_scales_on_queue_depth(context: Context) -> None:
+    (install,) = [s for s in SCENARIOS if s.name == "operator-installed"]
+    try:
+        run_scenario(context, install)
+        result = run_autoscaling(
+            context, scale_up_timeout=SCALE_UP_BOUND, scale_down_timeout=SCALE_DOWN_BOUND
+        )
+        check_operator_log(context)
+    except BaseException:
+        print(diagnostics(context), file=sys.stderr)
+        raise
+    print(f"ok  autoscaling  {result.summary()}", flush=True)
+    assert result.second_ready - result.load_started <= SCALE_UP_BOUND
+    assert result.max_replicas_seen >= 2
+    assert len(result.removed) >= 1
