@@ -7,27 +7,15 @@ e2e/autoscale.py's scenario: load up to 2+ Ready pods, load off back to 1, no st
 node is stopped at the end, whatever happened. Root only; KVSERVE_SKIP_E2E=1 skips it.
 """
 
-import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from k8s.support import ROOT, KubeTools
-from test_real_cluster import (
-    BUILD_IMAGE,
-    BUILD_TIMEOUT,
-    IMAGE_TAR,
-    NODE,
-    NODE_TIMEOUT,
-    _skip_reason,
-)
+from real_node import BUILD_TIMEOUT, NODE_TIMEOUT, real_node, skip_reason
 
 sys.path.insert(0, str(ROOT / "e2e"))
 from autoscale import run_autoscaling
-from cluster import Cluster
 from scenarios import SCENARIOS, Context, check_operator_log, diagnostics, run_scenario
 
 NODE_SETTINGS = {
@@ -48,25 +36,14 @@ NODE_SETTINGS = {
 SCALE_UP_BOUND = 120.0
 SCALE_DOWN_BOUND = 150.0
 
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
 
 @pytest.fixture(scope="module")
 def context(kube_tools: KubeTools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Context]:
-    subprocess.run([str(BUILD_IMAGE), str(IMAGE_TAR)], check=True, timeout=BUILD_TIMEOUT)
-    state = tmp_path_factory.mktemp("hpa-node")
-    try:
-        start = [str(NODE), "start", str(state), str(IMAGE_TAR)]
-        env = {**os.environ, **NODE_SETTINGS}
-        subprocess.run(start, check=True, timeout=NODE_TIMEOUT, env=env)
-        lines = (state / "env").read_text().splitlines()
-        kubeconfig = Path(dict(line.split("=", 1) for line in lines if "=" in line)["KUBECONFIG"])
-        cluster = Cluster(kubeconfig, str(kube_tools.kubectl), str(kube_tools.helm), kube_tools.env)
+    with real_node(kube_tools, tmp_path_factory.mktemp("hpa-node"), NODE_SETTINGS) as cluster:
         yield Context(cluster, namespace="kvserve-hpa", image="localhost/kvserve:dev",
                       pull_policy="Never", chart_values=())  # fmt: skip
-    finally:
-        subprocess.run([str(NODE), "stop", str(state)], check=True, timeout=NODE_TIMEOUT)
-        shutil.rmtree(state / "state", ignore_errors=False)
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT + NODE_TIMEOUT + 900)

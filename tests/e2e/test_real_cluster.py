@@ -11,26 +11,16 @@ Root only. KVSERVE_SKIP_E2E=1 skips them explicitly, and so does KVSERVE_SKIP_K8
 Kubernetes binaries are built then).
 """
 
-import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from k8s.support import CACHE, ROOT, KubeTools
+from k8s.support import ROOT, KubeTools
 
 sys.path.insert(0, str(ROOT / "e2e"))
-from cluster import Cluster
+from real_node import BUILD_TIMEOUT, NODE_TIMEOUT, real_node, skip_reason
 from scenarios import SCENARIOS, Context, Scenario, diagnostics, run_scenario
 
-NODE = ROOT / "scripts" / "kube-node.sh"
-BUILD_IMAGE = ROOT / "scripts" / "build-image.sh"
-IMAGE_TAR = CACHE / "images" / "kvserve-dev.tar"
-BUILD_TIMEOUT = 2400
-"""A cold image build: a Debian base, then the Python dependencies (CPU torch) from PyPI."""
-NODE_TIMEOUT = 300
 NODE_SETTINGS = {
     "KVSERVE_NODE_NAME": "kvserve-e2e",
     "KVSERVE_NODE_NETNS": "kvse2e",
@@ -46,35 +36,13 @@ NODE_SETTINGS = {
 """A node of its own (namespace, addresses, cgroup root), apart from the node tests' one."""
 
 
-def _skip_reason() -> str | None:
-    if os.environ.get("KVSERVE_SKIP_E2E") == "1":
-        return "KVSERVE_SKIP_E2E=1 set explicitly"
-    if os.environ.get("KVSERVE_SKIP_K8S") == "1":
-        return "KVSERVE_SKIP_K8S=1 set explicitly: no Kubernetes binaries for the node"
-    if os.geteuid() != 0:
-        return "the real node needs root (network namespace, containerd, kubelet)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
 
 @pytest.fixture(scope="module")
 def context(kube_tools: KubeTools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Context]:
-    subprocess.run([str(BUILD_IMAGE), str(IMAGE_TAR)], check=True, timeout=BUILD_TIMEOUT)
-    state = tmp_path_factory.mktemp("node")
-    try:
-        start = [str(NODE), "start", str(state), str(IMAGE_TAR)]
-        env = {**os.environ, **NODE_SETTINGS}
-        subprocess.run(start, check=True, timeout=NODE_TIMEOUT, env=env)
-        lines = (state / "env").read_text().splitlines()
-        kubeconfig = Path(dict(line.split("=", 1) for line in lines if "=" in line)["KUBECONFIG"])
-        cluster = Cluster(kubeconfig, str(kube_tools.kubectl), str(kube_tools.helm), kube_tools.env)
+    with real_node(kube_tools, tmp_path_factory.mktemp("node"), NODE_SETTINGS) as cluster:
         yield Context(cluster, image="localhost/kvserve:dev", pull_policy="Never")
-    finally:
-        subprocess.run([str(NODE), "stop", str(state)], check=True, timeout=NODE_TIMEOUT)
-        # The node's runtime state (containerd's images and snapshots, about 3 GB); logs stay.
-        shutil.rmtree(state / "state", ignore_errors=False)
 
 
 @pytest.fixture(scope="module")
