@@ -13,6 +13,7 @@ from kvserve.server.errors import APIError, bad_request, unavailable
 from kvserve.server.openapi import openapi_document
 from kvserve.server.protocol import DetokenizeRequest, TokenizeRequest, parse_body
 from kvserve.server.serving import (
+    REQUEST_ID,
     ServerState,
     chat_prompt_ids,
     check_model,
@@ -34,7 +35,7 @@ def _state(request: web.Request) -> ServerState:
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler) -> web.StreamResponse:
-    request["request_id"] = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    request[REQUEST_ID] = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     try:
         return await handler(request)
     except APIError as exc:
@@ -75,8 +76,8 @@ async def gate_middleware(request: web.Request, handler) -> web.StreamResponse:
 
 
 async def _echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    if "request_id" in request:
-        response.headers["X-Request-Id"] = request["request_id"]
+    if REQUEST_ID in request:
+        response.headers["X-Request-Id"] = request[REQUEST_ID]
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

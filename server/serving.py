@@ -94,6 +94,10 @@ class _Choice:
         return text, token_ids, logprobs, first
 
 
+REQUEST_ID = web.RequestKey("request_id", str)
+"""The request's id: the client's X-Request-Id, or a fresh one (set by the app's middleware)."""
+
+
 def check_model(state: ServerState, model: str | None) -> None:
     if model is not None and model != state.model_name:
         raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
@@ -276,7 +280,7 @@ class _Run:
         self.state = state
         self.request = request
         self.chat = chat
-        self.api_id = ("chatcmpl-" if chat else "cmpl-") + request["request_id"]
+        self.api_id = ("chatcmpl-" if chat else "cmpl-") + request[REQUEST_ID]
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.prompt_param = "messages" if chat else "prompt"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,3 +57,9 @@ class KubeTools:
         if check and out.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed: {out.stderr}")
         return out
+
+
+NEEDS_CLUSTER = pytest.mark.skipif(
+    os.environ.get("KVSERVE_SKIP_K8S") == "1", reason="KVSERVE_SKIP_K8S=1 set explicitly"
+)
+"""The mark of every module that needs the real control plane."""

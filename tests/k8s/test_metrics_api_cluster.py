@@ -26,7 +26,7 @@ from kubernetes import client, config
 
 from k8s.cluster_objects import apply_yaml, llmd, namespace
 from k8s.kube_cluster import ControlPlane, wait_for
-from k8s.support import ROOT, load_sample
+from k8s.support import NEEDS_CLUSTER, ROOT, load_sample
 from kvserve.engine.scheduler import SchedulerStats
 from kvserve.operator.autoscaler import KV_USAGE_METRIC, WAITING_METRIC, render_hpa
 from kvserve.operator.kube import Kube
@@ -36,9 +36,7 @@ from kvserve.operator.resource import labels, selector_labels, selector_string
 from kvserve.operator.spec import AutoscalingSpec
 from kvserve.server.metrics import ServerMetrics
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("KVSERVE_SKIP_K8S") == "1", reason="KVSERVE_SKIP_K8S=1 set explicitly"
-)
+pytestmark = NEEDS_CLUSTER
 
 RELEASE, CHART_NS = "kvs", "kvserve-system"
 SERVER = f"{RELEASE}-kvserve-operator-metrics-api"

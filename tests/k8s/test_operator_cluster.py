@@ -7,7 +7,6 @@ it, a control plane that cannot be built or started fails them.
 """
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -27,13 +26,11 @@ from k8s.cluster_objects import (
     pod_monitor_crd,
 )
 from k8s.kube_cluster import ControlPlane, Operator, wait_for
-from k8s.support import load_sample
+from k8s.support import NEEDS_CLUSTER, load_sample
 from kvserve.operator.kube import Kube
 from kvserve.operator.reconciler import IMAGE_ENV, Reconciler
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("KVSERVE_SKIP_K8S") == "1", reason="KVSERVE_SKIP_K8S=1 set explicitly"
-)
+pytestmark = NEEDS_CLUSTER
 
 
 def test_apply_makes_children_and_status(plane: ControlPlane, operator: Operator, kube: Kube):

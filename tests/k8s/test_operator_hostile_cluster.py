@@ -5,7 +5,6 @@ down, a transient API error on re-creating a deleted child, a namespace being de
 """
 
 import logging
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -21,16 +20,14 @@ from k8s.cluster_objects import (
     play_node,
 )
 from k8s.kube_cluster import ControlPlane, Operator, wait_for
-from k8s.support import load_sample
+from k8s.support import NEEDS_CLUSTER, load_sample
 from kvserve.operator import handlers
 from kvserve.operator.kube import Kube
 from kvserve.operator.reconciler import IMAGE_ENV, Reconciler
 from kvserve.operator.status import reported_problem
 from kvserve.operator.status_write import write_outcome
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("KVSERVE_SKIP_K8S") == "1", reason="KVSERVE_SKIP_K8S=1 set explicitly"
-)
+pytestmark = NEEDS_CLUSTER
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 
 

@@ -1,8 +1,6 @@
 """The namespaced install (``watchNamespaces``) on a real control plane, RBAC on: the operator,
 as its ServiceAccount with only a Role in each watched namespace, serves those and no other."""
 
-import os
-
 import pytest
 import yaml
 from kubernetes import client
@@ -21,12 +19,10 @@ from k8s.cluster_objects import (
     pod_monitor_crd,
 )
 from k8s.kube_cluster import ControlPlane, Operator, wait_for
-from k8s.support import load_sample
+from k8s.support import NEEDS_CLUSTER, load_sample
 from kvserve.operator.kube import Kube
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("KVSERVE_SKIP_K8S") == "1", reason="KVSERVE_SKIP_K8S=1 set explicitly"
-)
+pytestmark = NEEDS_CLUSTER
 WATCHED = ("team-a", "team-b")
 SUBJECT = f"system:serviceaccount:{OPERATOR_NS}:{SERVICE_ACCOUNT}"
 
