@@ -50,6 +50,7 @@ class AsyncLLM:
     def __init__(self, engine: LLMEngine, observer: StepObserver | None = None) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        self.grammars = engine.grammars  # thread-safe: the server checks constraints with it
         self.max_model_len = engine.max_model_len
         self._observer = observer
         self._commands: queue.SimpleQueue[_Add | str | None] = queue.SimpleQueue()
@@ -75,6 +76,7 @@ class AsyncLLM:
             self._wakeup.set()
             self._thread.join()
             self._thread = None
+        self.engine.shutdown()
 
     @property
     def num_waiting(self) -> int:

@@ -1,7 +1,10 @@
 """Fixed-size KV blocks: a free queue, reference counts and the prefix-cache index."""
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from kvserve.engine.kv_events import KVEventLog
 
 
 @dataclass
@@ -19,9 +22,16 @@ class BlockPool:
     handed out again. Free blocks are taken from the front of the queue (least
     recently freed first), so an unreferenced cached block is evicted only when
     no block that is older in the queue is left: LRU over cached blocks.
+
+    With an ``events`` log, every change of the index is recorded there as it happens: a
+    block cached (``BlockStored``), a cached block evicted (``BlockRemoved``), the index
+    dropped (``AllBlocksCleared``). Replaying the log gives exactly the hashes ``lookup``
+    finds.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(
+        self, num_blocks: int, enable_caching: bool, events: KVEventLog | None = None
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -29,6 +39,7 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[int, Block] = {}
+        self.events = events
 
     @property
     def num_free_blocks(self) -> int:
@@ -48,6 +59,8 @@ class BlockPool:
             _, block = self._free.popitem(last=False)
             if block.block_hash is not None:
                 del self._cached[block.block_hash]
+                if self.events is not None:
+                    self.events.removed(block.block_hash)
                 block.block_hash = None
             block.ref_count = 1
             blocks.append(block)
@@ -74,8 +87,24 @@ class BlockPool:
             if block.ref_count == 0:
                 self._free[block.block_id] = block
 
-    def cache(self, block: Block, block_hash: int) -> None:
-        """Make a full block findable by its hash (first writer wins on a duplicate)."""
+    def cache(
+        self, block: Block, block_hash: int, parent_hash: int | None, token_ids: Sequence[int]
+    ) -> None:
+        """Make a full block (``token_ids``, after the block keyed ``parent_hash``) findable
+        by its hash (first writer wins on a duplicate)."""
         if self.enable_caching and block.block_hash is None and block_hash not in self._cached:
             block.block_hash = block_hash
             self._cached[block_hash] = block
+            if self.events is not None:
+                self.events.stored(block_hash, parent_hash, list(token_ids))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, if no block is in use (else False and no change)."""
+        if len(self._free) != self.num_blocks:
+            return False
+        for block in self._cached.values():
+            block.block_hash = None
+        self._cached.clear()
+        if self.events is not None:
+            self.events.cleared()
+        return True

@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvserve.engine.kv_events import KVEventsConfig
+
 if TYPE_CHECKING:
     import torch
 
@@ -24,7 +26,8 @@ class EngineConfig:
     """Everything the engine is built from. ``num_kv_blocks`` wins over the KV
     memory budget (``kv_cache_memory_gb``; on CUDA, ``gpu_memory_utilization``; on a
     CPU by default, ``max_num_seqs`` full contexts, at most DEFAULT_CPU_KV_CACHE_GB).
-    ``enforce_eager`` turns off the CUDA graphs that replay decode steps."""
+    ``enforce_eager`` turns off the CUDA graphs that replay decode steps. ``kv_events_config``
+    (vLLM's ``--kv-events-config``) publishes the prefix cache's changes; None: off."""
 
     model: str
     dtype: str = "auto"
@@ -41,6 +44,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     tensor_parallel_size: int = 1
     seed: int = 0
+    kv_events_config: KVEventsConfig | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))

@@ -1,6 +1,7 @@
 """Block tables of requests over the block pool, with prefix caching."""
 
 from kvserve.engine.block_pool import Block, BlockPool
+from kvserve.engine.kv_events import KVEventLog
 from kvserve.engine.request import Request
 
 
@@ -20,10 +21,16 @@ class KVCacheManager:
     computed, to produce the logits of the first output token).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        events: KVEventLog | None = None,
+    ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.pool = BlockPool(num_blocks, enable_prefix_caching, events)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -71,8 +78,11 @@ class KVCacheManager:
         for index in range(len(request.block_hashes), full):
             parent = request.block_hashes[-1] if request.block_hashes else None
             start = index * self.block_size
-            block_hash = chain_hash(parent, tokens[start : start + self.block_size])
-            self.pool.cache(self.pool.blocks[request.block_ids[index]], block_hash)
+            block_tokens = tokens[start : start + self.block_size]
+            block_hash = chain_hash(parent, block_tokens)
+            self.pool.cache(
+                self.pool.blocks[request.block_ids[index]], block_hash, parent, block_tokens
+            )
             request.block_hashes.append(block_hash)
 
     def free(self, request: Request) -> None:

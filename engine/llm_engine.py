@@ -10,6 +10,8 @@ from kvserve.engine.config import EngineConfig
 from kvserve.engine.detokenizer import Detokenizer
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.kv_cache_manager import KVCacheManager
+from kvserve.engine.kv_events import KVEventLog
+from kvserve.engine.kv_events_publisher import ZmqEventPublisher
 from kvserve.engine.model_runner import ModelRunner, prompt_logprob_spans
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.outputs import CompletionOutput, Logprob, RequestOutput
@@ -22,10 +24,15 @@ from kvserve.engine.scheduler import (
     SchedulerOutput,
     SchedulerStats,
 )
+from kvserve.engine.startup import StartupPhases
+from kvserve.engine.structured.compiler import GrammarCompiler
+from kvserve.engine.structured.matcher import RequestGrammar
 
 log = logging.getLogger(__name__)
 # Failed model forwards in a row after which the engine gives up (the device is broken).
 MAX_CONSECUTIVE_STEP_FAILURES = 3
+# Seconds a step with nothing to run waits for a grammar compile before returning.
+GRAMMAR_POLL_S = 0.02
 
 
 class EngineDeadError(RuntimeError):
@@ -39,22 +46,39 @@ class LLMEngine:
         self, config: EngineConfig, progress: Callable[[int, int], None] | None = None
     ) -> None:
         self.config = config
-        self.model_config = ModelConfig.from_dir(config.model)
-        self.max_model_len = self._max_model_len()
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self.startup = StartupPhases()
+        with self.startup.measure("load"):
+            self.model_config = ModelConfig.from_dir(config.model)
+            self.max_model_len = self._max_model_len()
+            self.tokenizer = AutoTokenizer.from_pretrained(config.model)
         eos = set(self.model_config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = eos
-        self.runner = ModelRunner(config, self.model_config, self.max_model_len, progress)
-        self.kv = KVCacheManager(
-            self.runner.num_blocks, config.block_size, config.enable_prefix_caching
+        self.runner = ModelRunner(
+            config, self.model_config, self.max_model_len, progress, self.startup
         )
+        events = config.kv_events_config
+        self.kv_events: ZmqEventPublisher | None = None
+        if events is not None and events.enabled:
+            medium = "GPU" if self.runner.device.type == "cuda" else "CPU"
+            self.kv_events = ZmqEventPublisher(events, medium)
+        with self.startup.measure("kv_alloc"):
+            self.kv = KVCacheManager(
+                self.runner.num_blocks,
+                config.block_size,
+                config.enable_prefix_caching,
+                KVEventLog() if self.kv_events is not None else None,
+            )
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len),
             self.kv,
         )
         self.sampler = Sampler(self.eos_token_ids)
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.model_config.vocab_size, tuple(sorted(self.eos_token_ids))
+        )
+        self._compiling: list[Request] = []  # constrained requests whose grammar is not ready
         self.requests: dict[str, Request] = {}
         self._consecutive_failures = 0
         log.info(
@@ -67,6 +91,7 @@ class LLMEngine:
             config.block_size,
             self.max_model_len,
         )
+        log.info("startup phases: %s", self.startup)
 
     def _max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
@@ -111,6 +136,9 @@ class LLMEngine:
         request.detokenizer = Detokenizer(
             self.tokenizer, token_ids, params.stop, params.skip_special_tokens
         )
+        if params.constraint is not None:
+            request.grammar = RequestGrammar(self.grammars.submit(params.constraint))
+            self._compiling.append(request)
         self.requests[request_id] = request
         self.scheduler.add(request)
         return request
@@ -142,6 +170,31 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
+        """One step (see ``_step``); then its KV-cache events, if any, go to the publisher."""
+        try:
+            return self._step()
+        finally:
+            self._publish_kv_events()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, as vLLM's ``reset_prefix_cache``: only while no request
+        holds a block (else False)."""
+        done = self.kv.pool.reset_prefix_cache()
+        self._publish_kv_events()
+        return done
+
+    def shutdown(self) -> None:
+        """Close the KV-event publisher, after it sent what is queued; stop compiling."""
+        self.grammars.shutdown()
+        if self.kv_events is not None:
+            self.kv_events.close()
+
+    def _publish_kv_events(self) -> None:
+        recorded = self.kv.pool.events
+        if self.kv_events is not None and recorded is not None and (events := recorded.take()):
+            self.kv_events.publish(events)
+
+    def _step(self) -> list[RequestOutput]:
         """Run one batch and sample one token per request that reached its end.
 
         What one request's data can break stays with that request: if sampling the batch
@@ -151,14 +204,21 @@ class LLMEngine:
         Failed requests' blocks are freed at once and ``stats.num_failed_steps`` counts the
         step. ``MAX_CONSECUTIVE_STEP_FAILURES`` failed forwards in a row raise
         ``EngineDeadError``: then nothing can run any more.
+
+        A constrained request waits while its grammar compiles (the others run); one whose
+        grammar failed to compile finishes with ``"error"``. With nothing to run but
+        compiles, the step waits a moment for one of them.
         """
+        unusable = self._fail_unusable_grammars()
         out = self.scheduler.schedule()
         if not out.scheduled:
-            return []
+            if self._compiling:
+                self._compiling[0].grammar.wait(GRAMMAR_POLL_S)
+            return unusable
         try:
             logits = self.runner.execute(out)
         except Exception as exc:
-            return self._fail_step(out, exc)
+            return unusable + self._fail_step(out, exc)
         self._consecutive_failures = 0
         sampling = out.sampling_requests
         spans = prompt_logprob_spans(out)
@@ -183,7 +243,20 @@ class LLMEngine:
             self.requests.pop(request.request_id, None)
         if any(r.finish_reason == "error" for r in finished):
             self.scheduler.stats.num_failed_steps += 1
-        return outputs
+        return unusable + outputs
+
+    def _fail_unusable_grammars(self) -> list[RequestOutput]:
+        """Fail the waiting requests whose grammar failed to compile; their outputs."""
+        failed, self._compiling = [], [r for r in self._compiling if not r.is_finished]
+        for request in [r for r in self._compiling if not r.is_compiling]:
+            self._compiling.remove(request)
+            assert request.grammar is not None
+            if request.grammar.error is not None:
+                log.error("request %s: %s", request.request_id, request.grammar.error)
+                self._fail(request)
+                self.requests.pop(request.request_id, None)
+                failed.append(self._output(request))
+        return failed
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request]
@@ -288,6 +361,7 @@ class LLMEngine:
             arrival_time=request.arrival_time,
             first_scheduled_time=request.first_scheduled_time,
             first_token_time=request.first_token_time,
+            last_token_time=request.last_token_time,
             finished_time=request.finished_time,
             prompt_logprobs=list(request.prompt_logprobs)
             if request.params.prompt_logprobs is not None

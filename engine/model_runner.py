@@ -15,7 +15,9 @@ from kvserve.engine.kv_cache_sizing import cuda_kv_cache_blocks
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.request import Request
+from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import SchedulerOutput
+from kvserve.engine.startup import StartupPhases
 
 
 @dataclass
@@ -53,36 +55,54 @@ class ModelRunner:
         model_config: ModelConfig,
         max_model_len: int,
         progress: Callable[[int, int], None] | None = None,
+        startup: StartupPhases | None = None,
     ) -> None:
+        self.startup = startup or StartupPhases()
         self.config = config
         self.model_config = model_config
         self.device = config.torch_device()
         self.dtype = config.torch_dtype(model_config.torch_dtype, self.device)
         self.block_size = config.block_size
         self.backend = select_backend(self.device, config.attention_backend)
-        self.model = load_model(
-            config.model,
-            model_config,
-            self.backend,
-            max_model_len,
-            self.dtype,
-            self.device,
-            progress,
-        )
-        self.num_blocks = self._num_blocks(max_model_len)
-        shape = (self.num_blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim)
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+        with self.startup.measure("load", self.device):
+            self.model = load_model(
+                config.model,
+                model_config,
+                self.backend,
+                max_model_len,
+                self.dtype,
+                self.device,
+                progress,
             )
-            for _ in range(model_config.num_layers)
-        ]
+        with self.startup.measure("kv_alloc", self.device):
+            self.num_blocks = self._num_blocks(max_model_len)
+            shape = (
+                self.num_blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim
+            )  # fmt: skip
+            self.kv_caches = [
+                (
+                    torch.zeros(shape, dtype=self.dtype, device=self.device),
+                    torch.zeros(shape, dtype=self.dtype, device=self.device),
+                )
+                for _ in range(model_config.num_layers)
+            ]
         self.forward: Callable[..., torch.Tensor] = self.model
-        if use_cuda_graphs(self.device, self.backend.name, config.enforce_eager):
-            sizes = capture_sizes(config.max_num_seqs)
-            max_blocks = -(-max_model_len // self.block_size)
-            self.forward = DecodeGraphs(self.model, self.kv_caches, sizes, max_blocks, self.device)
+        with self.startup.measure("warmup", self.device):
+            if use_cuda_graphs(self.device, self.backend.name, config.enforce_eager):
+                sizes = capture_sizes(config.max_num_seqs)
+                max_blocks = -(-max_model_len // self.block_size)
+                self.forward = DecodeGraphs(
+                    self.model, self.kv_caches, sizes, max_blocks, self.device
+                )
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One step of one token in block 0: kernels compile and buffers are allocated now,
+        not in the first request's step. The key and value it writes sit in a free block,
+        which a request overwrites before it reads them."""
+        request = Request("warmup", [0], SamplingParams(max_tokens=1))
+        request.block_ids = [0]
+        self.execute(SchedulerOutput([(request, 1)]))
 
     @property
     def block_bytes(self) -> int:

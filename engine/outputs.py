@@ -34,5 +34,6 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None  # when the latest token of ``outputs`` was sampled
     finished_time: float | None = None
     prompt_logprobs: list[Logprob | None] | None = None  # None for the first prompt token

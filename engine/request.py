@@ -8,6 +8,7 @@ import torch
 from kvserve.engine.detokenizer import Detokenizer
 from kvserve.engine.outputs import Logprob
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.structured.matcher import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -48,12 +49,14 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
+        self.last_token_time: float | None = None  # when its latest output token was sampled
         self.finished_time: float | None = None
         self.detokenizer: Detokenizer | None = None  # set by the engine: text and stop strings
         self.logprobs: list[Logprob] = []  # one per output token, if params.logprobs is set
         # One per prompt token if params.prompt_logprobs is set; the first token has none.
         self.prompt_logprobs: list[Logprob | None] = [None]
         self.generator: torch.Generator | None = None
+        self.grammar: RequestGrammar | None = None  # set by the engine for a constrained request
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
 
@@ -68,6 +71,11 @@ class Request:
     @property
     def output_token_ids(self) -> list[int]:
         return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_compiling(self) -> bool:
+        """Its grammar is still compiling: it cannot be scheduled yet."""
+        return self.grammar is not None and self.grammar.is_compiling
 
     @property
     def is_finished(self) -> bool:

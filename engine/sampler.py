@@ -10,6 +10,7 @@ from kvserve.engine.device_copy import to_device
 from kvserve.engine.outputs import Logprob
 from kvserve.engine.request import Request
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.structured.bitmask import apply_grammar_masks
 
 
 @dataclass
@@ -43,11 +44,12 @@ def logprobs_of(
 
 
 class Sampler:
-    """First logit bias, penalties and the ``min_tokens`` ban of EOS and stop ids
-    change the logits (each a scatter or index_put over the batch, run only when a
-    row uses it). Then greedy rows take the argmax; the others apply temperature,
-    top-k, top-p and min-p as masks, and draw with the exponential race (argmax of
-    probs / Exp(1) noise). Seeded rows draw their noise from their own
+    """First logit bias, penalties, the ``min_tokens`` ban of EOS and stop ids (not for
+    constrained rows: their grammar decides where EOS may come) and the grammar masks of
+    constrained rows change the logits (each a scatter, index_put or bitmask kernel over
+    the batch, run only when a row uses it). Then greedy rows take the argmax; the
+    others apply temperature, top-k, top-p and min-p as masks, and draw with the
+    exponential race (argmax of probs / Exp(1) noise). Seeded rows draw their noise from their own
     generator, so a seed fixes the output whatever else is batched. Which
     filters run is decided from the host-side parameters: no device sync.
     Log-probabilities come from the raw logits (see ``SamplingParams``)."""
@@ -66,7 +68,7 @@ class Sampler:
 
     def adjust_logits(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         params = [r.params for r in requests]
-        device = logits.device
+        device, raw = logits.device, logits
         if any(p.logit_bias for p in params):
             rows, cols = _flat_index([list(p.logit_bias) for p in params], device)
             bias = [v for p in params for v in p.logit_bias.values()]
@@ -90,13 +92,18 @@ class Sampler:
             logits = torch.where(seen, penalised, logits)
         banned = [
             [*self.eos_token_ids, *r.params.stop_token_ids]
-            if len(r.output_token_ids) < r.params.min_tokens
+            if len(r.output_token_ids) < r.params.min_tokens and r.grammar is None
             else []
             for r in requests
         ]
         if any(banned):
             rows, cols = _flat_index(banned, device)
             logits = logits.index_put((rows, cols), to_device(-torch.inf, device))
+        grammars = [r.grammar for r in requests]
+        if any(grammars):
+            # In place, unless the raw logits are still wanted for log-probabilities.
+            wants_raw = logits is raw and any(p.logprobs is not None for p in params)
+            logits = apply_grammar_masks(logits.clone() if wants_raw else logits, grammars)
         return logits
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
@@ -129,6 +136,7 @@ class Sampler:
             drop = ranks >= top_k[:, None]
             sorted_probs = sorted_logits.masked_fill(drop, -torch.inf).softmax(dim=-1)
             drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p[:, None]
+            drop[:, 0] = False  # a top_p below float32's range rounds to 0: keep the top token
             logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, -torch.inf))
         if any(p.min_p > 0 for p in params):
             min_p = to_device([p.min_p for p in params], device)

@@ -3,6 +3,8 @@
 import dataclasses
 from dataclasses import dataclass, field
 
+from kvserve.engine.structured.spec import OutputConstraint
+
 # Bounds that keep every value representable where the sampler puts it: top-k ranks in
 # int32 (larger means the whole vocabulary), seeds in what a 64-bit generator accepts
 # (negative ones as two's complement), floats finite in float32.
@@ -51,6 +53,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    constraint: OutputConstraint | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))

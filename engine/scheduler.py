@@ -49,6 +49,9 @@ class SchedulerStats:
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
     num_failed_steps: int = 0  # steps whose requests failed on an exception (engine's count)
+    # Of num_waiting, those that cannot be scheduled yet whatever the free capacity (their
+    # grammar is compiling): vLLM's reason "deferred"; the others wait for capacity.
+    num_waiting_deferred: int = 0
 
 
 class Scheduler:
@@ -88,16 +91,16 @@ class Scheduler:
                 out.scheduled.append((request, num_new))
                 budget -= num_new
                 index += 1
-        while self.waiting and budget > 0 and not out.preempted:
-            if len(self.running) >= self.config.max_num_seqs:
+        # A request whose grammar is still compiling keeps its place; the others pass it.
+        for request in [r for r in self.waiting if not r.is_compiling]:
+            if budget <= 0 or out.preempted or len(self.running) >= self.config.max_num_seqs:
                 break
-            request = self.waiting[0]
             computed = self.kv.computed_blocks(request)
             num_cached = len(computed) * self.kv.block_size
             num_new = min(request.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(request, num_new, computed):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             self.stats.prefix_cache_queries += request.num_tokens
             self.stats.prefix_cache_hits += num_cached
             request.num_computed_tokens = num_cached
@@ -131,6 +134,7 @@ class Scheduler:
             request.all_token_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
+            request.last_token_time = now
             try:
                 self._check_stop(request, token, eos_token_ids)
             except Exception:
@@ -144,7 +148,9 @@ class Scheduler:
 
     def _check_stop(self, request: Request, token: int, eos_token_ids: set[int]) -> None:
         params = request.params
-        if token in params.stop_token_ids:
+        if request.grammar is not None:
+            self._check_grammar_stop(request, token)
+        elif token in params.stop_token_ids:
             request.finish("stop", token)
         elif token in eos_token_ids and not params.ignore_eos:
             request.finish("stop", None)
@@ -154,11 +160,26 @@ class Scheduler:
             )
         ):
             request.finish("stop", stop)
-        elif (
-            len(request.all_token_ids) - request.num_prompt_tokens == params.max_tokens
-            or request.num_tokens >= self.config.max_model_len
-        ):
+        elif self._at_length(request):
             request.finish("length")
+
+    def _check_grammar_stop(self, request: Request, token: int) -> None:
+        """A constrained request ends when its grammar accepted EOS (the mask allows EOS
+        only where the grammar may end), or at its length; stop ids and strings do not
+        count, so they cannot cut the output short of the grammar."""
+        assert request.grammar is not None and request.detokenizer is not None
+        request.grammar.accept(token)
+        request.detokenizer.update([token], check_stop=False)
+        if request.grammar.is_terminated:
+            request.finish("stop", None)
+        elif self._at_length(request):
+            request.finish("length")
+
+    def _at_length(self, request: Request) -> bool:
+        return (
+            len(request.all_token_ids) - request.num_prompt_tokens == request.params.max_tokens
+            or request.num_tokens >= self.config.max_model_len
+        )
 
     def abort(self, request: Request, reason: str = "abort") -> None:
         """Drop a request wherever it is, finished with ``reason``; its blocks are freed at once."""
@@ -178,4 +199,5 @@ class Scheduler:
     def _refresh_stats(self) -> None:
         self.stats.num_running = len(self.running)
         self.stats.num_waiting = len(self.waiting)
+        self.stats.num_waiting_deferred = sum(1 for r in self.waiting if r.is_compiling)
         self.stats.kv_cache_usage = self.kv.usage

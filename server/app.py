@@ -106,7 +106,7 @@ async def tokenize(request: web.Request) -> web.Response:
     body = parse_body(TokenizeRequest, await read_json(request, state.body_timeout))
     check_model(state, body.model)
     if body.messages is not None:
-        tokens = chat_prompt_ids(state, body.messages, body.add_generation_prompt)
+        tokens = chat_prompt_ids(state, body.messages, body.add_generation_prompt, body.tools)
     else:
         tokens = state.llm.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     limit = state.llm.max_model_len
@@ -144,8 +144,17 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """The latest snapshot: a scrape never formats the registry nor waits on the engine."""
     body = _state(request).metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _start_metrics(app: web.Application) -> None:
+    app[STATE].metrics.snapshot.start()
+
+
+async def _stop_metrics(app: web.Application) -> None:
+    app[STATE].metrics.snapshot.stop()
 
 
 async def version_info(request: web.Request) -> web.Response:
@@ -162,6 +171,8 @@ def build_app(state: ServerState) -> web.Application:
     )
     app[STATE] = state
     app.on_response_prepare.append(_echo_request_id)
+    app.on_startup.append(_start_metrics)
+    app.on_cleanup.append(_stop_metrics)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)

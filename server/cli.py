@@ -9,7 +9,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from kvserve.conformance.command import conformance_parser
+from kvserve.conformance.command import run as run_conformance
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.kv_events import KVEventsConfig
+from kvserve.server.tool_parsers import TOOL_PARSERS
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model"
 ENV_PREFIX = "KVSERVE_"
@@ -24,6 +28,13 @@ def _env_bool(name: str, text: str) -> bool:
     if text.lower() in _TRUE | _FALSE:
         return text.lower() in _TRUE
     raise SystemExit(f"kvserve: {name} must be true or false, not {text!r}")
+
+
+def _kv_events_config(text: str) -> KVEventsConfig:
+    try:
+        return KVEventsConfig.from_json(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def serve_parser(
@@ -56,6 +67,14 @@ def serve_parser(
     )
     add("--tensor-parallel-size", type=int, default=1)
     add("--seed", type=int, default=0)
+    add(
+        "--kv-events-config",
+        type=_kv_events_config,
+        default=None,
+        metavar="JSON",
+        help="publish KV-cache events over ZMQ, vLLM's JSON keys, e.g. "
+        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "topic": "kv@POD@MODEL"}\'',
+    )
     add("--max-waiting-requests", type=int, default=None, help="queue limit; beyond it, 503")
     add("--shutdown-timeout", type=float, default=30.0, help="drain limit after SIGTERM (s)")
     add(
@@ -70,6 +89,13 @@ def serve_parser(
         default=30.0,
         help="seconds a request body may take to arrive; beyond it, 408",
     )
+    add(
+        "--enable-auto-tool-choice",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="parse tool calls out of the output for tool_choice 'auto' (needs --tool-call-parser)",
+    )
+    add("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None, help="tool-call format")
     for action in parser._actions:
         if not action.option_strings or action.dest == "help":
             continue
@@ -105,6 +131,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         attention_backend=args.attention_backend,
         tensor_parallel_size=args.tensor_parallel_size,
         seed=args.seed,
+        kv_events_config=args.kv_events_config,
     )
 
 
@@ -112,15 +139,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser(commands.add_parser("serve", help="serve a model over the OpenAI API"))
+    conformance_parser(
+        commands.add_parser(
+            "conformance", help="check a model server against the gateway's protocol"
+        )
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "serve":
+        if args.enable_auto_tool_choice and args.tool_call_parser is None:
+            parser.error("--enable-auto-tool-choice requires --tool-call-parser")
         from kvserve.server.serve import serve
 
         return serve(args)
+    if args.command == "conformance":
+        return run_conformance(args)
     return 2
 
 

@@ -1,40 +1,71 @@
 """Prometheus metrics under the exact vLLM V1 names (``vllm:``), ours under ``kvserve:``.
 
-Dashboards and autoscalers written for vLLM read these unchanged: same names, same
-meanings, same ``model_name`` label (``tests/test_server_metrics.py`` holds the list).
-Gauges and the engine's cumulative counters are refreshed after every engine step;
-per-request histograms are observed when a request finishes.
+Dashboards, autoscalers and endpoint pickers written for vLLM read these unchanged: same
+names, types, label names, meanings and histogram buckets (``tests/test_server_metrics.py``
+holds the list), with the ``model_name`` label and no ``engine`` label (one engine per
+process) except on ``vllm:cache_config_info``, whose labels are vLLM's. Gauges and the
+engine's cumulative counters are refreshed after every engine step, per-token histograms
+when a token comes out, per-request ones when a request finishes; ``/metrics`` answers from
+an ``ExpositionSnapshot``.
 """
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvserve.engine.outputs import RequestOutput
+from kvserve.engine.startup import StartupPhases
+from kvserve.server.metrics_info import register_engine_info
+from kvserve.server.metrics_snapshot import ExpositionSnapshot
 
-LATENCY_BUCKETS = (
+# vLLM's buckets (vllm/v1/metrics/loggers.py): time to first token; inter-token latency and
+# time per output token; request latencies (end to end, queue).
+TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
+TOKEN_LATENCY_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
 FINISH_REASONS = ("stop", "length", "abort", "error")  # "error": failed by the engine
+WAITING_REASONS = ("capacity", "deferred")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
         self.registry = CollectorRegistry()
-        labels = ["model_name"]
+        registry = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=self.registry).labels(model_name)
+            return Gauge(name, doc, ["model_name"], registry=registry).labels(model_name)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=self.registry).labels(model_name)
+            return Counter(name, doc, ["model_name"], registry=registry).labels(model_name)
 
-        def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(
-                name, doc, labels, buckets=LATENCY_BUCKETS, registry=self.registry
-            ).labels(model_name)
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            family = Histogram(name, doc, ["model_name"], buckets=buckets, registry=registry)
+            return family.labels(model_name)
+
+        def by(metric: type, name: str, doc: str, label: str, values: tuple[str, ...]) -> dict:
+            family = metric(name, doc, ["model_name", label], registry=registry)
+            return {value: family.labels(model_name, value) for value in values}
 
         self.running = gauge("vllm:num_requests_running", "Requests in the running batch.")
         self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.waiting_by_reason = by(
+            Gauge,
+            "vllm:num_requests_waiting_by_reason",
+            "Waiting requests by reason: 'capacity' = waiting for scheduling capacity; "
+            "'deferred' = not schedulable yet (grammar compiling). They sum to "
+            "vllm:num_requests_waiting.",
+            "reason",
+            WAITING_REASONS,
+        )
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 means 100 percent.")
         self.prefix_queries = counter(
             "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
@@ -42,18 +73,50 @@ class ServerMetrics:
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found cached.")
         self.preemptions = counter("vllm:num_preemptions", "Preemptions of running requests.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed.")
+        self.prompt_by_source = by(
+            Counter,
+            "vllm:prompt_tokens_by_source",
+            "Prompt tokens by source: computed here, or read from the local prefix cache "
+            "(never from an external KV transfer here).",
+            "source",
+            PROMPT_SOURCES,
+        )
+        self.prompt_cached = counter(
+            "vllm:prompt_tokens_cached", "Prompt tokens read from a cache instead of computed."
+        )
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
-        success = Counter(
+        self.success = by(
+            Counter,
             "vllm:request_success",
             "Finished requests by finish reason.",
-            ["model_name", "finished_reason"],
-            registry=self.registry,
+            "finished_reason",
+            FINISH_REASONS,
         )
-        self.success = {r: success.labels(model_name, r) for r in FINISH_REASONS}
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to the first token.")
-        self.tpot = histogram("vllm:time_per_output_token_seconds", "Time per output token.")
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.")
-        self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first step.")
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Time to the first token.", TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between a request's consecutive output tokens.",
+            TOKEN_LATENCY_BUCKETS,
+        )
+        self.tpot = histogram(
+            "vllm:time_per_output_token_seconds",
+            "Time between consecutive output tokens (vLLM's older name of "
+            "vllm:inter_token_latency_seconds).",
+            TOKEN_LATENCY_BUCKETS,
+        )
+        self.request_tpot = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Per request: time from its first to its last token over its tokens after the first.",
+            TOKEN_LATENCY_BUCKETS,
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Arrival to finish.", REQUEST_LATENCY_BUCKETS
+        )
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds", "Arrival to first step.", REQUEST_LATENCY_BUCKETS
+        )
         self.draining = gauge("kvserve:draining", "1 while the server drains before exiting.")
         self.rejected = counter(
             "kvserve:requests_rejected", "Requests refused because the waiting queue was full."
@@ -63,24 +126,53 @@ class ServerMetrics:
             "Engine steps in which requests failed on an exception (reason error).",
         )
         self._last_counts = (0, 0, 0, 0)
-        self._num_tokens_seen: dict[str, int] = {}
+        # Per unfinished request: output tokens counted so far and when the latest came out.
+        self._seen: dict[str, tuple[int, float | None]] = {}
+        self._engine_idle = True  # as of the last step: nothing running, nothing waiting
+        self.snapshot = ExpositionSnapshot(registry)
+
+    def describe_engine(self, cache_config: dict[str, str], startup: StartupPhases) -> None:
+        """Once the engine is built, before the server reports ready: vLLM's
+        ``cache_config_info`` (``cache_config_labels``) and the startup phases."""
+        register_engine_info(self.registry, self.model_name, cache_config, startup)
+        self.snapshot.rebuild()
 
     def on_step(self, stats, outputs: list[RequestOutput]) -> None:
         """After an engine step: scheduler gauges, cumulative counters, tokens, finished ones."""
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
+        self.waiting_by_reason["capacity"].set(stats.num_waiting - stats.num_waiting_deferred)
+        self.waiting_by_reason["deferred"].set(stats.num_waiting_deferred)
         self.kv_usage.set(stats.kv_cache_usage)
         self._count(stats)
         for output in outputs:
-            seen = self._num_tokens_seen.get(output.request_id, 0)
-            total = len(output.outputs[0].token_ids)
-            if seen == 0 and total > 0:
-                self.prompt_tokens.inc(len(output.prompt_token_ids))
-            self.generation_tokens.inc(total - seen)
-            self._num_tokens_seen[output.request_id] = total
-            if output.finished:
-                self._num_tokens_seen.pop(output.request_id)
-                self._record_finished(output)
+            self._on_output(output)
+        self._engine_idle = stats.num_running == stats.num_waiting == 0
+        self.snapshot.changed()
+
+    def _on_output(self, output: RequestOutput) -> None:
+        """vLLM's per-output accounting: the prompt's tokens by source with the first token,
+        then one inter-token latency per later output that brings tokens."""
+        seen, last_token_time = self._seen.get(output.request_id, (0, None))
+        total = len(output.outputs[0].token_ids)
+        if total > seen and seen == 0:
+            self._count_prompt(output)
+        elif total > seen and last_token_time is not None and output.last_token_time is not None:
+            latency = output.last_token_time - last_token_time
+            self.itl.observe(latency)
+            self.tpot.observe(latency)
+        self.generation_tokens.inc(total - seen)
+        self._seen[output.request_id] = (total, output.last_token_time)
+        if output.finished:
+            self._seen.pop(output.request_id)
+            self._record_finished(output)
+
+    def _count_prompt(self, output: RequestOutput) -> None:
+        num_prompt, num_cached = len(output.prompt_token_ids), output.num_cached_tokens
+        self.prompt_tokens.inc(num_prompt)
+        self.prompt_by_source["local_compute"].inc(num_prompt - num_cached)
+        self.prompt_by_source["local_cache_hit"].inc(num_cached)
+        self.prompt_cached.inc(num_cached)
 
     def _count(self, stats) -> None:
         counts = (
@@ -98,13 +190,25 @@ class ServerMetrics:
         """The engine stopped for good: its ``num_failed`` open requests will never finish."""
         self.running.set(0)
         self.waiting.set(0)
+        for gauge in self.waiting_by_reason.values():
+            gauge.set(0)
         self._count(stats)
         self.success["error"].inc(num_failed)
-        self._num_tokens_seen.clear()
+        self._seen.clear()
+        self.snapshot.rebuild()
 
     def on_abort(self, request_id: str) -> None:
-        self._num_tokens_seen.pop(request_id, None)
+        self._seen.pop(request_id, None)
         self.success["abort"].inc()
+        self.snapshot.changed()
+
+    def on_rejected(self) -> None:
+        self.rejected.inc()
+        self.snapshot.changed()
+
+    def on_draining(self) -> None:
+        self.draining.set(1)
+        self.snapshot.rebuild()
 
     def _record_finished(self, output: RequestOutput) -> None:
         """One finished request: its reason and its latency histograms."""
@@ -116,12 +220,17 @@ class ServerMetrics:
         self.e2e.observe(output.finished_time - output.arrival_time)
         if output.first_scheduled_time is not None:
             self.queue_time.observe(output.first_scheduled_time - output.arrival_time)
-        if output.first_token_time is not None:
-            self.ttft.observe(output.first_token_time - output.arrival_time)
+        first, last = output.first_token_time, output.last_token_time
+        if first is not None:
+            self.ttft.observe(first - output.arrival_time)
             num_tokens = len(completion.token_ids)
-            if num_tokens > 1:
-                decode_time = output.finished_time - output.first_token_time
-                self.tpot.observe(decode_time / (num_tokens - 1))
+            if num_tokens > 1 and last is not None:
+                self.request_tpot.observe((last - first) / (num_tokens - 1))
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        """What ``/metrics`` answers: the latest snapshot. Only when it is behind and the
+        engine has nothing to run (so that nothing competes with it) is it rebuilt first: a
+        scrape after the last request finished shows that request."""
+        if self._engine_idle and self.snapshot.stale:
+            self.snapshot.rebuild()
+        return self.snapshot.body

@@ -14,6 +14,7 @@ from kvserve.server.app import build_app
 from kvserve.server.cli import engine_config
 from kvserve.server.drain import DrainState
 from kvserve.server.metrics import ServerMetrics
+from kvserve.server.metrics_info import cache_config_labels
 from kvserve.server.serving import ServerState
 
 log = logging.getLogger("kvserve.server")
@@ -69,6 +70,7 @@ def serve(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
     metrics = ServerMetrics(name)
+    metrics.describe_engine(cache_config_labels(engine), engine.startup)
     llm = AsyncLLM(engine, metrics)
     llm.start()
     drain = DrainState()
@@ -81,6 +83,7 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
         api_key=args.api_key,
         max_waiting_requests=args.max_waiting_requests,
         body_timeout=args.request_body_timeout,
+        auto_tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
     )
     runner = web.AppRunner(
         build_app(state),
@@ -100,7 +103,7 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     drain.start_draining()
-    metrics.draining.set(1)
+    metrics.on_draining()
     log.info("draining %d requests (at most %.0f s)", drain.in_flight, args.shutdown_timeout)
     if not await drain.wait_idle(args.shutdown_timeout):
         log.warning("drain timeout: %d requests still in flight are cut", drain.in_flight)

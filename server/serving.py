@@ -18,8 +18,10 @@ from aiohttp import web
 from kvserve.engine.async_llm import AsyncLLM, EngineDeadError, RequestFailedError
 from kvserve.engine.outputs import RequestOutput
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.structured.spec import OutputConstraint
 from kvserve.server.admission import Admission, Reservation
 from kvserve.server.body import read_json
+from kvserve.server.chat_tools import chat_constraint, template_messages, template_tools, tool_use
 from kvserve.server.drain import DrainState
 from kvserve.server.errors import APIError, bad_request, unavailable
 from kvserve.server.logprobs import chat_logprobs, completion_logprobs
@@ -29,9 +31,11 @@ from kvserve.server.protocol import (
     ChatMessage,
     CompletionRequest,
     SamplingBody,
+    Tool,
     parse_body,
 )
 from kvserve.server.sse import DONE, open_event_stream, send_event
+from kvserve.server.structured import checked_constraint
 
 
 @dataclass
@@ -44,6 +48,7 @@ class ServerState:
     api_key: str | None = None
     max_waiting_requests: int | None = None
     body_timeout: float = 30.0  # seconds a request body may take to arrive
+    auto_tool_parser: str | None = None  # for tool_choice "auto": --tool-call-parser, if enabled
     created: int = field(default_factory=lambda: int(time.time()))
     _ids: itertools.count = field(default_factory=itertools.count)
     admission: Admission = field(init=False)
@@ -109,12 +114,16 @@ def admit(state: ServerState, count: int, param: str) -> Reservation:
         return state.admission.reserve(count, param)
     except APIError as exc:
         if exc.status == 503:
-            state.metrics.rejected.inc()
+            state.metrics.on_rejected()
         raise
 
 
 def sampling_params(
-    body: SamplingBody, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None
+    body: SamplingBody,
+    max_tokens: int,
+    logprobs: int | None,
+    prompt_logprobs: int | None,
+    constraint: OutputConstraint | None = None,
 ) -> SamplingParams:
     try:
         return SamplingParams(
@@ -134,6 +143,7 @@ def sampling_params(
             logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            constraint=constraint,
         )
     except ValueError as exc:
         raise _invalid(exc, None) from None
@@ -316,7 +326,8 @@ async def create_completion(state: ServerState, request: web.Request) -> web.Str
     prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
     max_tokens = max_new_tokens(state, max(len(p) for p in prompts), body.max_tokens, 16, "prompt")
     prompt_logprobs = body.logprobs if body.echo else None
-    params = sampling_params(body, max_tokens, body.logprobs, prompt_logprobs)
+    constraint = await checked_constraint(state.llm.grammars, body)
+    params = sampling_params(body, max_tokens, body.logprobs, prompt_logprobs, constraint)
     run = _Run(state, request, chat=False)
     started = await _start(run, prompts, _child_params(params, body.n), body.n)
 
@@ -353,13 +364,16 @@ async def create_completion(state: ServerState, request: web.Request) -> web.Str
 async def create_chat_completion(state: ServerState, request: web.Request) -> web.StreamResponse:
     body = parse_body(ChatCompletionRequest, await read_json(request, state.body_timeout))
     check_model(state, body.model)
-    prompt = chat_prompt_ids(state, body.messages, body.add_generation_prompt)
+    tools = tool_use(body, state.auto_tool_parser)
+    prompt = chat_prompt_ids(state, body.messages, body.add_generation_prompt, body.tools)
     max_tokens = max_new_tokens(state, len(prompt), body.max_new_tokens, None, "messages")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, max_tokens, logprobs, None)
+    constraint = await chat_constraint(state.llm.grammars, body, tools)
+    params = sampling_params(body, max_tokens, logprobs, None, constraint)
     run = _Run(state, request, chat=True)
     started = await _start(run, [prompt], _child_params(params, body.n), body.n)
     tokenizer = state.llm.tokenizer
+    streams = [tools.stream() for _ in started] if tools is not None else []
 
     def render(choice: _Choice, delta: bool) -> dict | None:
         output = choice.output
@@ -369,7 +383,18 @@ async def create_chat_completion(state: ServerState, request: web.Request) -> we
             return None
         text, token_ids, token_logprobs, first = taken
         finish_reason = output.outputs[0].finish_reason
-        message = {"role": "assistant", "content": text} if first else {"content": text}
+        message: dict = {"content": text}
+        if tools is not None and delta:
+            stream = streams[choice.index]
+            message = stream.delta(output.outputs[0].text, finish_reason is not None)
+            finish_reason = tools.finish_reason(finish_reason, stream.called)
+            if not (message or first or finish_reason or body.logprobs):
+                return None
+        elif tools is not None:
+            message, called = tools.message(output.outputs[0].text)
+            finish_reason = tools.finish_reason(finish_reason, called)
+        if first:
+            message = {"role": "assistant"} | message
         return {
             "index": choice.index,
             "delta" if delta else "message": message,
@@ -384,14 +409,19 @@ async def create_chat_completion(state: ServerState, request: web.Request) -> we
 
 
 def chat_prompt_ids(
-    state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool
+    state: ServerState,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool,
+    tools: list[Tool] | None = None,
 ) -> list[int]:
     tokenizer = state.llm.tokenizer
     if not tokenizer.chat_template:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
-    conversation = [{"role": m.role, "content": m.text} for m in messages]
     text = tokenizer.apply_chat_template(
-        conversation, add_generation_prompt=add_generation_prompt, tokenize=False
+        template_messages(messages),
+        tools=template_tools(tools),
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
     )
     return tokenizer.encode(text, add_special_tokens=False)
 

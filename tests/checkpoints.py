@@ -22,6 +22,30 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# CHAT_TEMPLATE, plus tools as Hermes-style models (Qwen2.5, Qwen3) see them: the tools in
+# the system turn, calls in <tool_call> blocks, results in <tool_response> blocks. Written
+# with trim_blocks in mind (transformers renders with it): no newline right after a tag.
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "You may call these functions:\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "</tools>\nCall one as <tool_call>\n"
+    '{"name": <function name>, "arguments": <arguments object>}\n</tool_call><|im_end|>\n'
+    "{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'system' and tools and loop.first %}"
+    "{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n"
+    "{% if m.content %}{{ m.content }}\n{% endif %}"
+    "{% for call in m.tool_calls %}<tool_call>\n"
+    "{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}"
+    "\n</tool_call>\n{% endfor %}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 VOCAB_SIZE = 512
 
 CONFIGS = {
@@ -68,9 +92,11 @@ def trained_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_checkpoint(family: str, path: Path, seed: int = 0, **overrides) -> Path:
+def build_checkpoint(
+    family: str, path: Path, seed: int = 0, chat_template: str = CHAT_TEMPLATE, **overrides
+) -> Path:
     """Write a random-weight ``family`` checkpoint (fp32, safetensors) and the
-    shared tokenizer to ``path``; ``overrides`` change config fields."""
+    shared tokenizer with ``chat_template`` to ``path``; ``overrides`` change config fields."""
     config = CONFIGS[family](**{**BASE, **overrides})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -80,6 +106,7 @@ def build_checkpoint(family: str, path: Path, seed: int = 0, **overrides) -> Pat
                 param.normal_(0, 0.08)
     model.save_pretrained(path)
     trained_tokenizer().save_pretrained(path)
+    (path / "chat_template.jinja").write_text(chat_template)
     return path
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from kvserve.engine.block_pool import BlockPool
+from kvserve.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventLog
 
 
 def ids(blocks):
@@ -21,7 +22,7 @@ def test_allocates_from_the_front_and_frees_to_the_back():
 def test_reference_counts_keep_shared_blocks_out_of_the_free_queue():
     pool = BlockPool(4, enable_caching=True)
     (block,) = pool.allocate(1)
-    pool.cache(block, 1234)
+    pool.cache(block, 1234, None, [1, 2])
     pool.touch([block])
     pool.free([block])
     assert block.ref_count == 1 and pool.num_free_blocks == 3
@@ -35,7 +36,7 @@ def test_cached_blocks_stay_findable_until_evicted_least_recently_freed_first():
     pool = BlockPool(3, enable_caching=True)
     a, b, c = pool.allocate(3)
     for block, key in ((a, 10), (b, 11), (c, 12)):
-        pool.cache(block, key)
+        pool.cache(block, key, None, [key])
     pool.free([b, a, c])
     assert pool.lookup(10) is a and pool.lookup(11) is b
     pool.touch([a])  # a hit takes a cached block back out of the free queue
@@ -47,15 +48,15 @@ def test_cached_blocks_stay_findable_until_evicted_least_recently_freed_first():
 def test_duplicate_content_keeps_the_first_block():
     pool = BlockPool(2, enable_caching=True)
     a, b = pool.allocate(2)
-    pool.cache(a, 7)
-    pool.cache(b, 7)
+    pool.cache(a, 7, None, [7])
+    pool.cache(b, 7, None, [7])
     assert pool.lookup(7) is a and b.block_hash is None
 
 
 def test_caching_off_indexes_nothing():
     pool = BlockPool(2, enable_caching=False)
     (a,) = pool.allocate(1)
-    pool.cache(a, 7)
+    pool.cache(a, 7, None, [7])
     assert pool.lookup(7) is None
 
 
@@ -63,3 +64,27 @@ def test_over_allocation_is_refused():
     pool = BlockPool(2, enable_caching=False)
     with pytest.raises(RuntimeError, match="asked for 3 blocks, 2 free"):
         pool.allocate(3)
+
+
+def test_the_event_log_records_each_change_of_the_index_as_it_happens():
+    log = KVEventLog()
+    pool = BlockPool(4, enable_caching=True, events=log)
+    a, b, c = pool.allocate(3)
+    pool.cache(a, 10, None, [1, 2])
+    pool.cache(b, 11, 10, [3, 4])  # the next block of the same chain joins a's event
+    pool.cache(c, 10, None, [1, 2])  # a duplicate is not indexed: no event
+    pool.cache(c, 20, 99, [5, 6])  # a block after some other parent starts a new event
+    assert log.take() == [
+        BlockStored([10, 11], None, [1, 2, 3, 4], 2),
+        BlockStored([20], 99, [5, 6], 2),
+    ]
+    assert log.take() == []
+    pool.free([c, b, a])  # queue: 3, c, b, a
+    assert ids(pool.allocate(3)) == [3, c.block_id, b.block_id]
+    assert log.take() == [BlockRemoved([20, 11])]  # two evictions in a row: one event
+    assert not pool.reset_prefix_cache()  # blocks in use: refused, nothing recorded
+    assert log.take() == [] and pool.lookup(10) is a
+    pool.free([pool.blocks[3], c, b])
+    assert pool.reset_prefix_cache()
+    assert log.take() == [AllBlocksCleared()]
+    assert pool.lookup(10) is None and a.block_hash is None

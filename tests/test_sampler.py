@@ -32,6 +32,12 @@ def test_top_k_top_p_and_min_p_restrict_the_support():
     assert set(draw({"temperature": 1.0, "top_k": 1}).tolist()) == {0}
 
 
+def test_a_top_p_that_rounds_to_zero_keeps_the_top_token():
+    logits = torch.tensor([[0.0, 1.0, 7.0, 2.0]])
+    request = make_request(2, temperature=1.0, top_p=5e-324)  # 0 in float32
+    assert Sampler()(logits, [request]).token_ids == [2]
+
+
 def test_frequencies_follow_the_softmax():
     torch.manual_seed(0)
     counts = torch.bincount(draw({"temperature": 1.0}, rows=20000), minlength=4)

@@ -257,7 +257,7 @@ def test_bad_parameters_are_400_naming_the_parameter(client, kwargs, param):
     assert info.value.body["type"] == "invalid_request_error"
 
 
-def test_unsupported_chat_features_are_400(client):
+def test_tools_without_a_tool_call_parser_are_400_as_in_vllm(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
             model="tiny",
@@ -265,9 +265,10 @@ def test_unsupported_chat_features_are_400(client):
             tools=[{"type": "function", "function": {"name": "f"}}],
         )
     assert info.value.body == {
-        "message": "'tools' is not supported by this server",
+        "message": '"auto" tool choice requires --enable-auto-tool-choice and '
+        "--tool-call-parser to be set",
         "type": "invalid_request_error",
-        "param": "tools",
+        "param": "tool_choice",
         "code": None,
     }
 

@@ -49,7 +49,7 @@ def test_completion_body_errors_name_the_parameter(body, param, message):
 
 def test_chat_body_rejects_what_it_cannot_do():
     messages = [{"role": "user", "content": "x"}]
-    for name in ("tools", "response_format", "function_call"):
+    for name in ("tools", "function_call"):
         assert _error(ChatCompletionRequest, {"messages": messages, name: {}})["param"] == name
     error = _error(ChatCompletionRequest, {"messages": messages, "top_logprobs": 2})
     assert error["param"] == "top_logprobs"

@@ -1,0 +1,301 @@
+"""Time from process start to first token: ``kvserve serve`` and ``vllm serve``, same model,
+same run.
+
+    python benchmarks/startup.py --vllm /work/vllm-venv/bin/vllm [--repeats 3]
+
+For each model (the embedded demo model and the 134M benchmark model of checkpoint.py, both
+served in float32) and each repetition, each server is started as a fresh process on a free
+loopback port; the clock starts just before the spawn. Two times are taken: ``ready``, the
+first ``GET /health`` answered 200 (polled every 50 ms), and ``first token``, the first
+streamed chunk of one completion (16 prompt tokens, sent right after ``ready``). Then the
+server gets SIGTERM. The servers alternate which goes first in each repetition.
+
+Caches: each (server, model) pair gets one fresh cache directory for the whole run
+(``XDG_CACHE_HOME``, ``TORCHINDUCTOR_CACHE_DIR``, ``VLLM_CACHE_ROOT``), so repetition 1 is a
+cold start (vLLM compiles the model with torch.compile, kvserve builds its C decode kernel)
+and the later ones are warm (the compiled artefacts are reused), as a pod with a persistent
+cache volume would be.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from checkpoint import build_checkpoint
+
+HERE = Path(__file__).parent
+DEMO_MODEL = HERE.parent / "server" / "default_model"
+KVSERVE = Path(sys.executable).parent / "kvserve"
+PROMPT = list(range(10, 26))
+POLL_SECONDS = 0.05
+SERVERS = ("kvserve", "vllm")
+# What vLLM logs when its saved torch.compile artefact fails to load and it compiles again.
+RECOMPILE_MARK = "Compiling model again due to a load failure"
+
+
+@dataclass(frozen=True)
+class Start:
+    model: str
+    server: str
+    repetition: int
+    ready_s: float
+    first_token_s: float
+    phases: dict[str, float]
+    """kvserve's own ``kvserve:startup_phase_seconds`` (empty for vLLM)."""
+    load: str
+    """/proc/loadavg's 1-minute load average when the start ended."""
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--vllm", metavar="VLLM", help="vLLM's `vllm` command (else vLLM is skipped)")
+    p.add_argument("--models", nargs="+", choices=["demo", "134m"], default=["demo", "134m"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--vllm-threads-bind", default=f"0-{os.cpu_count() - 1}")
+    p.add_argument("--vllm-kvcache-gib", default="4")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one start may take")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "startup.md")
+    return p.parse_args()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def command(server: str, model: Path, port: int, args: argparse.Namespace) -> list[str]:
+    common = ["--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port)]
+    common += ["--dtype", "float32"]
+    if server == "kvserve":
+        return [str(KVSERVE), "serve", "--model", str(model), *common]
+    return [args.vllm, "serve", str(model), *common]
+
+
+def environment(server: str, cache: Path, args: argparse.Namespace) -> dict[str, str]:
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env |= {"XDG_CACHE_HOME": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
+    if server == "vllm":
+        env |= {
+            "VLLM_CACHE_ROOT": str(cache / "vllm"),
+            "VLLM_CPU_OMP_THREADS_BIND": args.vllm_threads_bind,
+            "VLLM_CPU_KVCACHE_SPACE": args.vllm_kvcache_gib,
+        }
+    return env
+
+
+def _health(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def first_token(url: str, timeout: float) -> None:
+    """Returns when the first streamed chunk carrying a choice has arrived."""
+    body = {"model": "m", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "stream": True}
+    request = urllib.request.Request(
+        url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: {") and json.loads(line[6:]).get("choices"):
+                return
+    raise RuntimeError("the stream ended without a token")
+
+
+def startup_phases(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    phases = {}
+    for line in text.splitlines():
+        if line.startswith("kvserve:startup_phase_seconds{"):
+            head, value = line.rsplit(" ", 1)
+            phase = head.split('phase="', 1)[1].split('"', 1)[0]
+            phases[phase] = float(value)
+    return phases
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL to the process group it leads (vLLM's engine is a child)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def start_once(
+    server: str, name: str, model: Path, repetition: int, cache: Path, log: Path, args
+) -> Start:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with log.open("ab") as out:
+        out.write(f"\n=== {server} {name} repetition {repetition}\n".encode())
+        out.flush()
+        began = time.monotonic()
+        process = subprocess.Popen(
+            command(server, model, port, args),
+            env=environment(server, cache, args),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        while _health(url) != 200:
+            if process.poll() is not None:
+                raise RuntimeError(f"{server} exited with {process.returncode}; see {log}")
+            if time.monotonic() - began > args.timeout:
+                raise RuntimeError(f"{server} not ready after {args.timeout:.0f} s; see {log}")
+            time.sleep(POLL_SECONDS)
+        ready = time.monotonic() - began
+        first_token(url, args.timeout)
+        first = time.monotonic() - began
+        phases = startup_phases(url) if server == "kvserve" else {}
+    finally:
+        stop(process)
+    return Start(name, server, repetition, ready, first, phases, loadavg().split()[0])
+
+
+def lscpu_model() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def loadavg() -> str:
+    return Path("/proc/loadavg").read_text().strip()
+
+
+def vllm_version(vllm: str) -> str:
+    python = Path(vllm).parent / "python"
+    code = "from importlib.metadata import version; print(version('vllm-cpu'))"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+
+
+def report(starts: list[Start], args: argparse.Namespace, header: list[str]) -> str:
+    phase_names = ("load", "kv_alloc", "warmup")
+    lines = [
+        *header,
+        "",
+        "| model | server | start | ready (s) | first token (s) | kvserve phases: load / "
+        "kv_alloc / warmup / before and after them (s) | load (1 min) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in starts:
+        kind = "cold" if s.repetition == 1 else "warm"
+        phases = "—"
+        if s.phases:
+            rest = s.ready_s - sum(s.phases[p] for p in phase_names)
+            phases = " / ".join(f"{s.phases[p]:.2f}" for p in phase_names) + f" / {rest:.2f}"
+        lines.append(
+            f"| {s.model} | {s.server} | {s.repetition} ({kind}) | {s.ready_s:.1f} "
+            f"| {s.first_token_s:.1f} | {phases} | {s.load} |"
+        )
+    lines += ["", "Medians of the warm starts (repetitions 2 and later) and the cold start:", ""]
+    lines += ["| model | server | cold: ready (s) | cold: first token (s) | warm: ready (s) "
+              "| warm: first token (s) |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for model in args.models:
+        for server in SERVERS:
+            mine = [s for s in starts if s.model == model and s.server == server]
+            if not mine:
+                continue
+            cold = mine[0]
+            warm = [s for s in mine if s.repetition > 1]
+            ready = f"{statistics.median(s.ready_s for s in warm):.1f}" if warm else "—"
+            first = f"{statistics.median(s.first_token_s for s in warm):.1f}" if warm else "—"
+            lines.append(
+                f"| {model} | {server} | {cold.ready_s:.1f} | {cold.first_token_s:.1f} "
+                f"| {ready} | {first} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = parse_args()
+    servers = [s for s in SERVERS if s == "kvserve" or args.vllm]
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = loadavg()
+    print(f"CPU: {lscpu_model()}, {os.cpu_count()} CPUs; /proc/loadavg: {load_before}")
+    workdir = Path(tempfile.mkdtemp(prefix="kvserve-startup-"))
+    models = {"demo": DEMO_MODEL}
+    if "134m" in args.models:
+        models["134m"] = build_checkpoint(workdir / "model-134m", torch.float32).directory
+    log = workdir / "servers.log"
+    starts: list[Start] = []
+    for name in args.models:
+        for repetition in range(1, args.repeats + 1):
+            order = servers if repetition % 2 else servers[::-1]
+            for server in order:
+                cache = workdir / f"cache-{server}-{name}"
+                s = start_once(server, name, models[name], repetition, cache, log, args)
+                print(
+                    f"{name} {server} #{repetition}: ready {s.ready_s:.1f} s, first token "
+                    f"{s.first_token_s:.1f} s; /proc/loadavg {loadavg()}",
+                    flush=True,
+                )
+                starts.append(s)
+    header = [
+        f"# Startup: process start to first token ({started})",
+        "",
+        f"Command: `python benchmarks/startup.py {' '.join(sys.argv[1:])}`",
+        "",
+        f"Machine: {lscpu_model()} (lscpu), {os.cpu_count()} CPUs.",
+        f"/proc/loadavg before: {load_before}; after: {loadavg()}.",
+        "kvserve: `kvserve serve --dtype float32` (defaults otherwise). vLLM: "
+        + (
+            f"{vllm_version(args.vllm)}, `vllm serve --dtype float32`, "
+            f"VLLM_CPU_OMP_THREADS_BIND={args.vllm_threads_bind}, "
+            f"VLLM_CPU_KVCACHE_SPACE={args.vllm_kvcache_gib} GiB."
+            if args.vllm
+            else "not run."
+        ),
+        "",
+        "Ready: the first `GET /health` answered 200. First token: the first streamed chunk "
+        "of one completion (16 prompt tokens) sent once ready. Both from just before the "
+        "spawn. Repetition 1 starts with empty caches (cold); later ones reuse the compiled "
+        "artefacts of the first (warm). Models: demo = the embedded demo model (Llama, 4 "
+        "layers, hidden 128, 2.1 MB); 134m = benchmarks/checkpoint.py's random Llama "
+        "(12 layers, hidden 768), both in float32.",
+    ]
+    recompiled = log.read_text(errors="replace").count(RECOMPILE_MARK)
+    if args.vllm:
+        header.append(
+            f"\nvLLM's compile cache: {recompiled} of its {len(args.models) * (args.repeats - 1)} "
+            f'warm starts logged "{RECOMPILE_MARK}" (the saved AOT artefact did not load, '
+            "so it compiled again; only torch inductor's own cache was reused)."
+        )
+    text = report(starts, args, header)
+    args.out.write_text(text)
+    print(text)
+    shutil.rmtree(workdir)  # kept when a start failed: its error names the servers' log there
+
+
+if __name__ == "__main__":
+    main()

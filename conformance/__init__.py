@@ -1,0 +1,1 @@
+"""``kvserve conformance URL``: check a running model server against the model-server contract."""

@@ -1,0 +1,1 @@
+"""Structured outputs: output constraints, compiled to grammars, applied as token masks."""
