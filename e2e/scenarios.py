@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+import zmq
 from cluster import Access, Cluster, wait_for
 from kubernetes.client import V1Pod
 from openai import APIConnectionError
@@ -51,6 +52,10 @@ class Context:
     """``--set`` values of the operator chart; its custom-metrics API is for autoscaling."""
     operator_log_checked: dict[str, int] = field(default_factory=dict)
     """Per operator pod: how much of its log is checked."""
+    inference_pool_crd: dict[str, Any] | None = None
+    """The InferencePool CRD the gateway scenario installs where the cluster serves none (the
+    tests pass the published one, as a v1.20 server takes it). None: on such a cluster the
+    scenario checks the condition that reports the missing API instead."""
 
     @property
     def operator(self) -> str:
@@ -181,7 +186,17 @@ def serve_demo(ctx: Context) -> str:
     assert status["endpoint"] == f"http://{ctx.name}.{ctx.namespace}.svc:8000/v1", status
     assert [(c["type"], c["status"]) for c in status["conditions"]] == [
         ("Available", "True"), ("Progressing", "False"), ("Degraded", "False"),
+        ("ModelLoaded", "True"),
     ], status  # fmt: skip
+    # The load time is the pod's own: its server's start to its Ready condition.
+    started = pod.status.container_statuses[0].state.running.started_at
+    ready_at = next(c.last_transition_time for c in pod.status.conditions if c.type == "Ready")
+    load_seconds = round((ready_at - started).total_seconds())
+    assert status["modelLoadSeconds"] == load_seconds and 1 <= load_seconds <= READY_TIMEOUT
+    assert (
+        f"in {load_seconds}s from its server's start to Ready"
+        in condition(ctx.llmd(), "ModelLoaded")["message"]
+    ), status
     (server,) = pod.spec.containers
     assert (server.image, server.image_pull_policy) == (ctx.image, "IfNotPresent")
     table = ctx.kubectl("get", "llmd").splitlines()
@@ -212,7 +227,10 @@ def serve_demo(ctx: Context) -> str:
     threads = ("exec", pod.metadata.name, "--", "python", "-c",
                "import torch; print(torch.get_num_threads())")  # fmt: skip
     assert ctx.kubectl(*threads).strip() == "1"
-    return f"pod {pod.metadata.name} {pod.status.pod_ip}; chat + 64-token stream; {backend}"
+    return (
+        f"pod {pod.metadata.name} {pod.status.pod_ip}, model loaded in {load_seconds}s; "
+        f"chat + 64-token stream; {backend}"
+    )
 
 
 def scale_to_two(ctx: Context) -> str:
@@ -233,6 +251,146 @@ def scale_to_two(ctx: Context) -> str:
         return f"{summary} (a port-forward sticks to one pod: balance not checked)"
     assert all(n > 0 for n in spread.values()), f"one pod got every request: {spread}"
     return summary
+
+
+POOL_GROUP, POOL_VERSION, POOLS = "inference.networking.k8s.io", "v1", "inferencepools"
+
+
+def _pool_api(ctx: Context) -> bool:
+    served = ctx.cluster.kubectl("api-resources", f"--api-group={POOL_GROUP}", "-o", "name")
+    return f"{POOLS}.{POOL_GROUP}" in served.split()
+
+
+def _pool(ctx: Context) -> dict[str, Any] | None:
+    found = ctx.cluster.custom.list_namespaced_custom_object(
+        POOL_GROUP, POOL_VERSION, ctx.namespace, POOLS, label_selector=ctx.selector
+    )["items"]
+    return found[0] if found else None
+
+
+def inference_pool_selects_ready_pods(ctx: Context) -> str:
+    """A gateway's InferencePool: accepted, selecting exactly the Ready pods on the port they
+    serve; gone with the spec's gateway (where the cluster has no such API: the condition)."""
+    pods = wait_ready(ctx, 2)
+    if not _pool_api(ctx) and ctx.inference_pool_crd is not None:
+        ctx.cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(ctx.inference_pool_crd))
+        wait_for(lambda: _pool_api(ctx), "the InferencePool API", 60)
+    picker = {"name": f"{ctx.name}-epp", "port": 9002}
+    gateway = json.dumps({"spec": {"gateway": {"inferencePool": {"endpointPickerRef": picker}}}})
+    ctx.kubectl("patch", "llmd", ctx.name, "--type=merge", "-p", gateway)
+    if not _pool_api(ctx):
+        missing = wait_for(lambda: condition(ctx.llmd(), "InferencePool"), "the condition", 60)
+        assert (missing["status"], missing["reason"]) == ("False", "InferencePoolAPIMissing")
+        summary = "no InferencePool API in the cluster: InferencePool condition False"
+    else:
+        pool = wait_for(lambda: _pool(ctx), "the InferencePool", 60)
+        (ref,) = pool["metadata"]["ownerReferences"]
+        assert ref["uid"] == ctx.llmd()["metadata"]["uid"], ref
+        labels = pool["spec"]["selector"]["matchLabels"]
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        listed = json.loads(ctx.kubectl("get", "pods", "-l", selector, "-o", "json"))["items"]
+        selected = sorted(p["metadata"]["name"] for p in listed)
+        ready = sorted(
+            p["metadata"]["name"]
+            for p in listed
+            if any(
+                c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"]
+            )
+        )
+        assert selected == ready == sorted(p.metadata.name for p in pods), (selected, ready)
+        (target,) = pool["spec"]["targetPorts"]
+        for pod in pods:
+            served = [p.container_port for p in pod.spec.containers[0].ports]
+            assert target["number"] in served, (target, served)
+            with ctx.cluster.pod_url(pod, target["number"]) as base:
+                status, body = http_get(f"{base}/v1/models")
+                assert status == 200 and MODEL in body, (status, body[:200])
+                status, body = http_get(f"{base}/metrics")
+                assert status == 200 and "vllm:num_requests_waiting" in body, status
+        applied = wait_for(lambda: condition(ctx.llmd(), "InferencePool"), "the condition", 60)
+        assert (applied["status"], applied["reason"]) == ("True", "PoolApplied"), applied
+        summary = (
+            f"InferencePool {pool['metadata']['name']} selects {selected} (all Ready) "
+            f"on port {target['number']}"
+        )
+    ctx.kubectl("patch", "llmd", ctx.name, "--type=json",
+                "-p", '[{"op": "remove", "path": "/spec/gateway"}]')  # fmt: skip
+    wait_for(lambda: condition(ctx.llmd(), "InferencePool") is None, "the condition gone", 60)
+    if _pool_api(ctx):
+        wait_for(lambda: _pool(ctx) is None, "the InferencePool gone", 60)
+    assert sorted(p.metadata.name for p in wait_ready(ctx, 2, timeout=60)) == sorted(
+        p.metadata.name for p in pods
+    )
+    return summary + "; removed with the spec's gateway, same pods"
+
+
+KV_EVENTS_PORT = 5557
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def _kv_event_topic(ctx: Context, pod: V1Pod) -> str | None:
+    """The topic of the first KV-event message ``pod`` publishes while it serves requests."""
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 2000)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(f"tcp://{pod.status.pod_ip}:{KV_EVENTS_PORT}")
+    try:
+        for attempt in range(10):  # the first messages may go before the subscription is up
+            with ctx.cluster.pod_url(pod, HTTP_PORT) as base:
+                chat(
+                    base,
+                    content=f"{attempt}: tell me about the prefix cache of {pod.status.pod_ip}",
+                )
+            try:
+                return sub.recv_multipart()[0].decode()
+            except zmq.Again:
+                continue
+        return None
+    finally:
+        sub.close()
+
+
+def kv_events_and_tool_calls(ctx: Context) -> str:
+    """``engine.kvEvents`` and ``engine.toolCallParser`` on (kept for the later scenarios): after
+    the rollout each pod publishes KV events on its ``kv-events`` port under the topic
+    ``kv@<its name>@<model>`` (the downward API's POD_NAME), and answers tool_choice "auto"."""
+    old = {p.metadata.name for p in wait_ready(ctx, 2)}
+    engine = {"kvEvents": {"enabled": True}, "toolCallParser": "hermes"}
+    ctx.kubectl(
+        "patch", "llmd", ctx.name, "--type=merge", "-p", json.dumps({"spec": {"engine": engine}})
+    )
+
+    def rolled() -> bool:
+        pods = ctx.pods()
+        return (
+            len(pods) == 2
+            and all(_ready(p) for p in pods)
+            and not old & {p.metadata.name for p in pods}
+        )
+
+    wait_for(rolled, "two new pods Ready", READY_TIMEOUT)
+    pods = wait_ready(ctx, 2)
+    for pod in pods:
+        ports = {p.name: p.container_port for p in pod.spec.containers[0].ports}
+        assert ports == {"http": HTTP_PORT, "kv-events": KV_EVENTS_PORT}, ports
+        with ctx.cluster.pod_url(pod, HTTP_PORT) as base, openai_client(base) as ai:
+            answer = ai.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                tools=[WEATHER_TOOL], tool_choice="auto", max_tokens=8,
+            )  # fmt: skip
+        assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls"), answer
+    if ctx.cluster.access != "clusterip":
+        return "tool_choice auto answered (a port-forward carries no ZMQ: KV events not checked)"
+    topics = {p.metadata.name: _kv_event_topic(ctx, p) for p in pods}
+    assert topics == {name: f"kv@{name}@{MODEL}" for name in topics}, topics
+    return f"tool_choice auto answered on both pods; KV events on :{KV_EVENTS_PORT} as {topics}"
 
 
 def rollout_cuts_no_stream(ctx: Context) -> str:
@@ -416,6 +574,8 @@ SCENARIOS = [
     Scenario("operator-installed", install_operator),
     Scenario("demo-serves", serve_demo),
     Scenario("scale-to-two", scale_to_two),
+    Scenario("inference-pool", inference_pool_selects_ready_pods),
+    Scenario("kv-events-and-tools", kv_events_and_tool_calls),
     Scenario("rollout-cuts-no-stream", rollout_cuts_no_stream),
     Scenario("deleted-pod-replaced", deleted_pod_is_replaced),
     Scenario("invalid-spec-degraded", invalid_spec_keeps_serving),

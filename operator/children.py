@@ -6,6 +6,7 @@ from kvserve.operator.autoscaler import render_hpa
 from kvserve.operator.deployment import render_deployment
 from kvserve.operator.discovery import ClusterApis
 from kvserve.operator.disruption_budget import render_pdb
+from kvserve.operator.inference_pool import render_inference_pool
 from kvserve.operator.pod_monitor import render_pod_monitor
 from kvserve.operator.service import render_service
 from kvserve.operator.spec import LLMDeploymentSpec, ModelSource
@@ -48,6 +49,9 @@ def desired_children(
         children.append(render_hpa(owner, spec.autoscaling, apis.hpa_version))
     if apis.pod_monitor:
         children.append(render_pod_monitor(owner))
+    pool = spec.gateway.inference_pool
+    if pool is not None and apis.inference_pool:
+        children.append(render_inference_pool(owner, pool))
     return children
 
 

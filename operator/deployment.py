@@ -13,8 +13,11 @@ Design rules, each visible in the rendered pod:
   /dev/shm (memory-backed, sized for the engine's tensor-parallel ranks) are emptyDirs.
 - the server needs no Kubernetes API access: no service-account token is mounted.
 - with a CPU limit, the server runs as many threads as it gives (``OMP_NUM_THREADS``).
+- a server that exits on an error leaves its log's tail as the termination message, which the
+  ``ModelLoaded`` condition quotes.
 """
 
+import json
 import math
 from typing import Any
 
@@ -28,6 +31,10 @@ MODELS_DIR = "/models"
 HF_MODEL_DIR = f"{MODELS_DIR}/model"
 RUN_AS_USER = 1000
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+SERVER_CONTAINER = "server"
+FETCH_CONTAINER = "fetch-model"
+POD_NAME_ENV = "POD_NAME"
+KV_EVENTS_PORT_NAME = "kv-events"
 
 FETCH_SCRIPT = (
     "import sys\n"
@@ -70,7 +77,24 @@ def serve_args(name: str, spec: LLMDeploymentSpec, source: ModelSource) -> list[
     for flag, value in optional.items():
         if value is not None:
             args += [flag, str(value)]
+    if engine.tool_call_parser is not None:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_call_parser]
+    if engine.kv_events.enabled:
+        args += ["--kv-events-config", kv_events_config(spec, name)]
     return args + list(spec.extra_args)
+
+
+def kv_events_config(spec: LLMDeploymentSpec, name: str) -> str:
+    """vLLM's ``--kv-events-config`` JSON. The topic names the pod (``$(POD_NAME)``, which the
+    kubelet expands from the downward-API variable) and the served model, as the llm-d router
+    subscribes to it (``kv@<pod>@<model>``)."""
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{spec.engine.kv_events.port}",
+        "topic": f"kv@$({POD_NAME_ENV})@{spec.model.served_name or name}",
+    }
+    return json.dumps(config)
 
 
 def _secret_env(name: str, secret: Any) -> dict[str, Any]:
@@ -88,6 +112,10 @@ def cpu_threads(cpu: str | None) -> int | None:
 def server_env(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
     """The server's environment; an entry of ``spec.env`` replaces ours of the same name."""
     ours: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
+    if spec.engine.kv_events.enabled:
+        ours.append(
+            {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+        )
     threads = cpu_threads(spec.resources.cpu)
     if threads is not None:
         ours.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
@@ -136,7 +164,7 @@ def _fetch_container(spec: LLMDeploymentSpec, source: ModelSource, image: str) -
     if spec.model.hub_token_secret is not None:
         env.append(_secret_env("HF_TOKEN", spec.model.hub_token_secret))
     container: dict[str, Any] = {
-        "name": "fetch-model",
+        "name": FETCH_CONTAINER,
         "image": image,
         "command": ["python", "-c", FETCH_SCRIPT],
         "args": [source.location, spec.model.revision or "", HF_MODEL_DIR],
@@ -150,6 +178,14 @@ def _fetch_container(spec: LLMDeploymentSpec, source: ModelSource, image: str) -
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
     return container
+
+
+def _ports(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
+    ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
+    if spec.engine.kv_events.enabled:
+        port = spec.engine.kv_events.port
+        ports.append({"name": KV_EVENTS_PORT_NAME, "containerPort": port, "protocol": "TCP"})
+    return ports
 
 
 def _http_probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
@@ -184,11 +220,11 @@ def render_deployment(
         volumes.append(model_volume)
         mounts.append({"name": "model", "mountPath": MODELS_DIR, "readOnly": True})
     server: dict[str, Any] = {
-        "name": "server",
+        "name": SERVER_CONTAINER,
         "image": image,
         "command": ["kvserve"],
         "args": serve_args(name, spec, source),
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "ports": _ports(spec),
         "env": server_env(spec),
         "resources": _resources(spec),
         "securityContext": _security_context(),
@@ -197,6 +233,7 @@ def render_deployment(
         "readinessProbe": _http_probe("/ready", period=5, failures=2, timeout=3),
         "livenessProbe": _http_probe("/health", period=10, failures=3, timeout=5),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SECONDS)]}}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.image_pull_policy:
         server["imagePullPolicy"] = spec.image_pull_policy

@@ -3,7 +3,8 @@
 Kubernetes 1.20 serves ``autoscaling/v2beta2`` and ``policy/v1beta1`` only; 1.23+ serve
 ``autoscaling/v2`` and 1.25+ have removed the betas. The operator renders the newest version the
 server offers. The PodMonitor is rendered only where the Prometheus operator's
-``monitoring.coreos.com`` API exists.
+``monitoring.coreos.com`` API exists, the InferencePool only where the Gateway API Inference
+Extension's ``inference.networking.k8s.io/v1`` does.
 """
 
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from kubernetes import client
 HPA_VERSIONS = ("autoscaling/v2", "autoscaling/v2beta2")
 PDB_VERSIONS = ("policy/v1", "policy/v1beta1")
 POD_MONITOR_VERSION = "monitoring.coreos.com/v1"
+INFERENCE_POOL_VERSION = "inference.networking.k8s.io/v1"
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class ClusterApis:
     hpa_version: str = "autoscaling/v2"
     pdb_version: str = "policy/v1"
     pod_monitor: bool = False
+    inference_pool: bool = False
 
 
 def _newest(offered: set[str], wanted: tuple[str, ...]) -> str:
@@ -29,16 +32,20 @@ def _newest(offered: set[str], wanted: tuple[str, ...]) -> str:
     raise RuntimeError(f"the API server serves none of {', '.join(wanted)}")
 
 
+def _serves(api: client.ApiClient, offered: set[str], group_version: str, plural: str) -> bool:
+    if group_version not in offered:
+        return False
+    group, version = group_version.split("/")
+    resources = client.CustomObjectsApi(api).get_api_resources(group, version).resources
+    return any(r.name == plural for r in resources)
+
+
 def discover(api: client.ApiClient) -> ClusterApis:
     groups = client.ApisApi(api).get_api_versions().groups
     offered = {v.group_version for g in groups for v in g.versions}
-    pod_monitor = False
-    if POD_MONITOR_VERSION in offered:
-        group, version = POD_MONITOR_VERSION.split("/")
-        resources = client.CustomObjectsApi(api).get_api_resources(group, version).resources
-        pod_monitor = any(r.name == "podmonitors" for r in resources)
     return ClusterApis(
         hpa_version=_newest(offered, HPA_VERSIONS),
         pdb_version=_newest(offered, PDB_VERSIONS),
-        pod_monitor=pod_monitor,
+        pod_monitor=_serves(api, offered, POD_MONITOR_VERSION, "podmonitors"),
+        inference_pool=_serves(api, offered, INFERENCE_POOL_VERSION, "inferencepools"),
     )

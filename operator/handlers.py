@@ -5,7 +5,9 @@ Every trigger funnels into the same level-based ``Reconciler.reconcile``:
 - the LLMDeployment is created, its spec changes, or the operator (re)starts (resume);
 - a child is deleted (by hand, or by anything but the garbage collector): it is re-created;
 - a periodic resync (``KVSERVE_RESYNC_SECONDS``, default 300) repairs any other drift.
-A child Deployment's status change only refreshes the owner's status.
+A child Deployment's or a pod's status change only refreshes the owner's status (the pods give
+``ModelLoaded``). A spec asking for an InferencePool where the cluster serves no such API gets
+a False ``InferencePool`` condition and one Warning Event, like an invalid spec.
 
 An invalid spec becomes a ``Degraded`` condition, and a Warning Event when that problem first
 appears (not again on resyncs or restarts); the handler succeeds, so kopf does not retry what
@@ -31,11 +33,20 @@ import kopf
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from kvserve.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvserve.operator.kube import Kube, api_message, namespace_terminating
-from kvserve.operator.reconciler import Reconciler
-from kvserve.operator.resource import API_VERSION, GROUP, KIND, MANAGED_BY, PLURAL, VERSION
+from kvserve.operator.reconciler import Outcome, Reconciler
+from kvserve.operator.resource import (
+    API_VERSION,
+    GROUP,
+    INSTANCE_LABEL,
+    KIND,
+    MANAGED_BY,
+    PLURAL,
+    VERSION,
+)
 from kvserve.operator.resync import resync_forever
-from kvserve.operator.status import reported_problem
+from kvserve.operator.status import new_warning, reported_problem
 from kvserve.operator.status_write import write_outcome
 
 RESYNC_SECONDS = float(os.environ.get("KVSERVE_RESYNC_SECONDS", "300"))
@@ -98,6 +109,15 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
         memo.resync.task.cancel()
 
 
+def _warn_pool_problem(written: tuple[dict[str, Any], Outcome] | None) -> None:
+    """One Warning Event when the ``InferencePool`` condition turns False (no pool API)."""
+    if written is not None:
+        before, outcome = written
+        problem = new_warning(before, outcome.status, POOL_CONDITION)
+        if problem is not None:
+            kopf.warn(before, reason=problem["reason"], message=problem["message"])
+
+
 def _reconcile(reconciler: Reconciler, owner: dict[str, Any]) -> None:
     written = write_outcome(reconciler.kube, owner, reconciler.reconcile)
     if written is None:
@@ -106,6 +126,7 @@ def _reconcile(reconciler: Reconciler, owner: dict[str, Any]) -> None:
     if outcome.problem is not None and outcome.problem != reported_problem(before):
         reason, message = outcome.problem
         kopf.warn(before, reason=reason, message=message)
+    _warn_pool_problem(written)
 
 
 def _reconcile_named(reconciler: Reconciler, namespace: str, name: str) -> None:
@@ -130,12 +151,17 @@ def reconcile(
 
 
 def _owner(reconciler: Reconciler, child: kopf.Body) -> dict[str, Any] | None:
-    """The live LLMDeployment that controls ``child``; None if it is gone or going."""
+    """The live LLMDeployment that controls ``child`` (for a pod, that its label names); None if
+    it is gone or going."""
+    namespace = child.metadata["namespace"]
+    if child.get("kind") == "Pod":
+        name = (child.metadata.get("labels") or {}).get(INSTANCE_LABEL)
+        owner = reconciler.kube.get(API_VERSION, KIND, namespace, name) if name else None
+        return None if owner is None or owner["metadata"].get("deletionTimestamp") else owner
     refs = child.metadata.get("ownerReferences") or []
     ref = next((r for r in refs if r.get("kind") == KIND and r.get("controller")), None)
     if ref is None or ref.get("apiVersion") != API_VERSION:
         return None
-    namespace = child.metadata["namespace"]
     owner = reconciler.kube.get(API_VERSION, KIND, namespace, ref["name"])
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return None
@@ -149,7 +175,7 @@ def _handle_child(reconciler: Reconciler, child: kopf.Body, deleted: bool) -> No
     if deleted:
         _reconcile(reconciler, owner)
     else:
-        write_outcome(reconciler.kube, owner, reconciler.status)
+        _warn_pool_problem(write_outcome(reconciler.kube, owner, reconciler.status))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
@@ -157,15 +183,19 @@ def _handle_child(reconciler: Reconciler, child: kopf.Body, deleted: bool) -> No
 @kopf.on.event("autoscaling", "horizontalpodautoscalers", labels=MANAGED_BY)
 @kopf.on.event("policy", "poddisruptionbudgets", labels=MANAGED_BY)
 @kopf.on.event("monitoring.coreos.com", "podmonitors", labels=MANAGED_BY)
+@kopf.on.event("inference.networking.k8s.io", "inferencepools", labels=MANAGED_BY)
+@kopf.on.event("", "v1", "pods", labels=MANAGED_BY)
 async def child_changed(
     event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any
 ) -> None:
-    """A deleted child is re-created; a Deployment's change refreshes the owner's status.
+    """A deleted child is re-created; a change of a Deployment or of a pod (any, deleted too:
+    pods are the ReplicaSet's) refreshes the owner's status.
 
     kopf never retries an event handler, so API errors are retried here, with backoff.
     """
-    deleted = event["type"] == "DELETED"
-    if not deleted and body.get("kind") != "Deployment":
+    kind = body.get("kind")
+    deleted = event["type"] == "DELETED" and kind != "Pod"
+    if not deleted and kind not in ("Deployment", "Pod"):
         return
     for attempt in range(CHILD_ATTEMPTS):
         try:

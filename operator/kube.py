@@ -23,6 +23,8 @@ PLURALS = {
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "PodMonitor": "podmonitors",
+    "InferencePool": "inferencepools",
+    "Pod": "pods",
     "LLMDeployment": PLURAL,
 }
 
@@ -45,9 +47,13 @@ def namespace_terminating(error: ApiException) -> bool:
     return error.status == 403 and any(c.get("reason") == "NamespaceTerminating" for c in causes)
 
 
-def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
+def collection_path(api_version: str, kind: str, namespace: str) -> str:
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    return f"{prefix}/namespaces/{namespace}/{PLURALS[kind]}/{name}"
+    return f"{prefix}/namespaces/{namespace}/{PLURALS[kind]}"
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
+    return f"{collection_path(api_version, kind, namespace)}/{name}"
 
 
 class Kube:
@@ -92,6 +98,13 @@ class Kube:
             if e.status == 404:
                 return None
             raise
+
+    def list_labelled(
+        self, api_version: str, kind: str, namespace: str, selector: str
+    ) -> list[dict[str, Any]]:
+        """The objects of ``kind`` in ``namespace`` whose labels match ``selector``."""
+        path = collection_path(api_version, kind, namespace)
+        return self._call("GET", path, query=[("labelSelector", selector)])["items"]
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         """Delete if present; return whether there was something to delete."""

@@ -13,10 +13,13 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from kvserve.operator.children import desired_children, obsolete_children
-from kvserve.operator.discovery import discover
+from kvserve.operator.discovery import INFERENCE_POOL_VERSION, discover
+from kvserve.operator.inference_pool import CONDITION as POOL_CONDITION
+from kvserve.operator.inference_pool import pool_condition, pool_name, stale_pools
 from kvserve.operator.kube import Kube, api_message
 from kvserve.operator.metrics_source import CONDITION, MetricsSource
-from kvserve.operator.spec import InvalidSpec
+from kvserve.operator.resource import selector_string
+from kvserve.operator.spec import InferencePoolSpec, InvalidSpec
 from kvserve.operator.status import build_status, reported_problem, with_condition
 from kvserve.operator.validation import validated
 
@@ -45,14 +48,30 @@ class Reconciler:
         owner: dict[str, Any],
         deployment: dict[str, Any] | None,
         problem: tuple[str, str] | None = None,
+        pool: tuple[InferencePoolSpec, bool] | None = None,
     ) -> dict[str, Any]:
-        """``build_status``, with the ``CustomMetrics`` condition when an HPA scales ``owner``."""
-        status = build_status(owner, deployment, problem)
+        """``build_status`` from the Deployment and the pods; with the ``InferencePool``
+        condition when ``pool`` (the spec's pool, whether the cluster serves its API) is given,
+        and the ``CustomMetrics`` condition when an HPA scales ``owner``."""
+        meta = owner["metadata"]
+        pods = self.kube.list_labelled(
+            "v1", "Pod", meta["namespace"], selector_string(meta["name"])
+        )
+        status = build_status(owner, deployment, problem, pods)
+        if pool is not None:
+            status = with_condition(status, owner, POOL_CONDITION, *pool_condition(owner, *pool))
         scaling = owner["spec"].get("autoscaling")
         if not isinstance(scaling, dict) or scaling.get("controller", "HPA") != "HPA":
             return status
         verdict = self.metrics.verdict()
         return status if verdict is None else with_condition(status, owner, CONDITION, *verdict)
+
+    def _remove_stale_pools(self, owner: dict[str, Any], keep: str | None) -> None:
+        meta = owner["metadata"]
+        ns, selector = meta["namespace"], selector_string(meta["name"])
+        listed = self.kube.list_labelled(INFERENCE_POOL_VERSION, "InferencePool", ns, selector)
+        for name in stale_pools(listed, owner, keep):
+            self.kube.delete(INFERENCE_POOL_VERSION, "InferencePool", ns, name)
 
     def _deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
         meta = owner["metadata"]
@@ -88,16 +107,24 @@ class Reconciler:
             return Outcome(self._status(owner, deployment, problem), problem)
         for api_version, kind in obsolete_children(spec, apis):
             self.kube.delete(api_version, kind, meta["namespace"], meta["name"])
-        return Outcome(self._status(owner, deployment), None)
+        wanted = spec.gateway.inference_pool
+        if apis.inference_pool:
+            self._remove_stale_pools(owner, None if wanted is None else pool_name(owner, wanted))
+        pool = None if wanted is None else (wanted, apis.inference_pool)
+        return Outcome(self._status(owner, deployment, pool=pool), None)
 
     def status(self, owner: dict[str, Any]) -> Outcome:
         """The status from the Deployment as it is now, without applying anything."""
-        problem = None
+        problem, pool = None, None
         try:
-            validated(owner)
+            spec, _ = validated(owner)
         except InvalidSpec as e:
             problem = (e.reason, str(e))
+        else:
+            wanted = spec.gateway.inference_pool
+            if wanted is not None:
+                pool = (wanted, discover(self.kube.api).inference_pool)
         observed = (owner.get("status") or {}).get("observedGeneration")
         if problem is None and observed == owner["metadata"].get("generation"):
             problem = reported_problem(owner)  # e.g. ApplyFailed: holds until the spec changes
-        return Outcome(self._status(owner, self._deployment(owner), problem), problem)
+        return Outcome(self._status(owner, self._deployment(owner), problem, pool), problem)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvserve.operator.quantity import check_quantity
+from kvserve.operator.resource import HTTP_PORT
 
 
 class InvalidSpec(ValueError):
@@ -61,6 +62,14 @@ class ResourcesSpec(_Spec):
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class KVEventsSpec(_Spec):
+    """KV-cache events on a ZMQ PUB socket (vLLM's ``--kv-events-config``), for prefix-aware
+    endpoint pickers."""
+
+    enabled: bool = False
+    port: int = 5557
+
+
 class EngineSpec(_Spec):
     max_num_seqs: int | None = Field(None, alias="maxNumSeqs")
     max_num_batched_tokens: int | None = Field(None, alias="maxNumBatchedTokens")
@@ -70,6 +79,26 @@ class EngineSpec(_Spec):
     block_size: int | None = Field(None, alias="blockSize")
     tensor_parallel_size: int = Field(1, alias="tensorParallelSize")
     gpu_memory_utilization: float | None = Field(None, alias="gpuMemoryUtilization")
+    tool_call_parser: Literal["hermes", "llama3_json"] | None = Field(None, alias="toolCallParser")
+    kv_events: KVEventsSpec = Field(default_factory=KVEventsSpec, alias="kvEvents")
+
+
+class EndpointPickerRef(_Spec):
+    """The endpoint picker's Service (e.g. the llm-d router) and its port."""
+
+    name: str
+    port: int
+    failure_mode: Literal["FailClose", "FailOpen"] = Field("FailClose", alias="failureMode")
+
+
+class InferencePoolSpec(_Spec):
+    name: str | None = None
+    """The pool's name; defaults to the LLMDeployment's."""
+    endpoint_picker_ref: EndpointPickerRef | None = Field(None, alias="endpointPickerRef")
+
+
+class GatewaySpec(_Spec):
+    inference_pool: InferencePoolSpec | None = Field(None, alias="inferencePool")
 
 
 class DrainSpec(_Spec):
@@ -88,6 +117,7 @@ class LLMDeploymentSpec(_Spec):
     extra_args: list[str] = Field(default_factory=list, alias="extraArgs")
     env: list[dict[str, Any]] = Field(default_factory=list)
     drain: DrainSpec = Field(default_factory=DrainSpec)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
 
 
 @dataclass(frozen=True)
@@ -169,4 +199,7 @@ def parse_spec(raw: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
     tp, gpus = spec.engine.tensor_parallel_size, spec.resources.gpus
     if tp > 1 and tp > gpus:
         raise InvalidSpec(f"engine.tensorParallelSize {tp} needs at least {tp} GPUs, not {gpus}")
+    events = spec.engine.kv_events
+    if events.enabled and events.port == HTTP_PORT:
+        raise InvalidSpec(f"engine.kvEvents.port {HTTP_PORT} is the server's HTTP port")
     return spec, source

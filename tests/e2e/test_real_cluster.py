@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from k8s.support import ROOT, KubeTools
+from k8s.support import ROOT, KubeTools, inference_pool_crd
 
 sys.path.insert(0, str(ROOT / "e2e"))
 from real_node import BUILD_TIMEOUT, NODE_TIMEOUT, real_node, skip_reason
@@ -42,7 +42,8 @@ pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reaso
 @pytest.fixture(scope="module")
 def context(kube_tools: KubeTools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Context]:
     with real_node(kube_tools, tmp_path_factory.mktemp("node"), NODE_SETTINGS) as cluster:
-        yield Context(cluster, image="localhost/kvserve:dev", pull_policy="Never")
+        yield Context(cluster, image="localhost/kvserve:dev", pull_policy="Never",
+                      inference_pool_crd=inference_pool_crd(for_1_20=True))  # fmt: skip
 
 
 @pytest.fixture(scope="module")

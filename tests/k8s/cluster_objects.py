@@ -8,7 +8,7 @@ import yaml
 from kubernetes import client
 
 from k8s.kube_cluster import ControlPlane, Operator, kopf_run_args, wait_for
-from k8s.support import ROOT
+from k8s.support import ROOT, inference_pool_crd
 from kvserve.operator.kube import Kube
 
 API = "kvserve.io/v1alpha1"
@@ -107,14 +107,26 @@ def events_for(plane: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
     return [{"type": e.type, "reason": e.reason, "message": e.message} for e in found]
 
 
+PLAYED_LOAD_SECONDS = 12
+"""How long before Ready ``play_node`` says each server container started."""
+
+
 def play_node(plane: ControlPlane, ns: str, name: str) -> int:
-    """Mark every pod of ``name`` Running and Ready, as a kubelet would; return how many."""
+    """Mark every pod of ``name`` Running and Ready, its server container started
+    ``PLAYED_LOAD_SECONDS`` earlier, as a kubelet would; return how many."""
     core = client.CoreV1Api(plane.admin_client())
     pods = core.list_namespaced_pod(ns, label_selector=f"kvserve.io/llmdeployment={name}").items
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = time.time()
+    stamp = "%Y-%m-%dT%H:%M:%SZ"
+    ready_at = time.strftime(stamp, time.gmtime(now))
+    started = time.strftime(stamp, time.gmtime(now - PLAYED_LOAD_SECONDS))
     for pod in pods:
-        ready = {"type": "Ready", "status": "True", "lastTransitionTime": now}
-        body = {"status": {"phase": "Running", "conditions": [ready]}}
+        ready = {"type": "Ready", "status": "True", "lastTransitionTime": ready_at}
+        server = {"name": "server", "ready": True, "restartCount": 0, "image": "kvserve:test",
+                  "imageID": "", "state": {"running": {"startedAt": started}}}  # fmt: skip
+        body = {
+            "status": {"phase": "Running", "conditions": [ready], "containerStatuses": [server]}
+        }
         core.patch_namespaced_pod_status(pod.metadata.name, ns, body)
     return len(pods)
 
@@ -140,3 +152,12 @@ def pod_monitor_crd(spec_schema: dict[str, Any]) -> dict[str, Any]:
             ],
         },
     }
+
+
+def install_inference_pool_crd(plane: ControlPlane) -> None:
+    """The published InferencePool CRD, as far as the v1.20 API server takes it."""
+    plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(inference_pool_crd(for_1_20=True)))
+    wait_for(
+        lambda: plane.kubectl("get", "inferencepools", "-A", check=False).returncode == 0,
+        "the InferencePool API",
+    )

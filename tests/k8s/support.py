@@ -30,6 +30,26 @@ def crd_validator() -> jsonschema.Draft4Validator:
     return jsonschema.Draft4Validator(crd_schema())
 
 
+INFERENCE_POOL_CRD_PATH = ROOT / "tests" / "k8s" / "inferencepool-crd.yaml"
+
+
+def inference_pool_crd(for_1_20: bool = False) -> dict[str, Any]:
+    """The published InferencePool CRD (vendored, see its header).
+
+    ``for_1_20``: without the two things a v1.20 API server cannot take: the CEL rules
+    (``x-kubernetes-validations``, Kubernetes 1.25+), which kubectl refuses as unknown fields of
+    1.20's JSONSchemaProps (and the server would drop), and ``endpointPickerRef.group``'s
+    ``default: ""``, which 1.20 reads as null and refuses ("must be of type string").
+    """
+    crd = yaml.safe_load(INFERENCE_POOL_CRD_PATH.read_text())
+    if for_1_20:
+        spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        picker, ports = spec["properties"]["endpointPickerRef"], spec["properties"]["targetPorts"]
+        del picker["x-kubernetes-validations"], ports["x-kubernetes-validations"]
+        del picker["properties"]["group"]["default"]
+    return crd
+
+
 def load_sample(name: str) -> dict[str, Any]:
     return yaml.safe_load((ROOT / "crds" / "samples" / name).read_text())
 

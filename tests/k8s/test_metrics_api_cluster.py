@@ -68,6 +68,7 @@ class PodMetrics:
     def set(self, waiting: int, kv_usage: float = 0.25) -> None:
         metrics = ServerMetrics("m")
         metrics.on_step(SchedulerStats(1, waiting, kv_usage), [])
+        metrics.snapshot.rebuild()  # a busy engine's /metrics: the server thread's snapshot
         self.body = metrics.exposition()
 
 
@@ -330,4 +331,5 @@ def test_autoscaled_llmdeployments_carry_the_custom_metrics_condition(
         "Available",
         "Progressing",
         "Degraded",
+        "ModelLoaded",
     ]

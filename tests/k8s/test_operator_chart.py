@@ -42,6 +42,9 @@ RULES = [
      "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"],
      "verbs": ["list", "watch", "create", "patch"]},
+    {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
+     "verbs": ["list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]  # fmt: skip
 """Exactly what the operator calls: the SA-run cluster tests fail on any missing verb."""
@@ -231,6 +234,26 @@ def test_llmdeployment_chart_renders_a_valid_resource(kube_tools: KubeTools) -> 
         "drain": {"timeoutSeconds": 120},
     }
     parse_spec(resource["spec"])
+
+
+def test_llmdeployment_chart_passes_a_gateway_and_engine_flags(kube_tools: KubeTools) -> None:
+    docs = template(
+        kube_tools,
+        LLMD_CHART,
+        "--set",
+        "gateway.inferencePool.endpointPickerRef.name=epp,"
+        "gateway.inferencePool.endpointPickerRef.port=9002",
+        "--set",
+        "engine.toolCallParser=hermes,engine.kvEvents.enabled=true",
+    )
+    resource = docs["LLMDeployment/demo"]
+    crd_validator().validate(resource)
+    assert resource["spec"]["gateway"] == {
+        "inferencePool": {"endpointPickerRef": {"name": "epp", "port": 9002}}
+    }
+    assert resource["spec"]["engine"] == {"toolCallParser": "hermes", "kvEvents": {"enabled": True}}
+    spec, _ = parse_spec(resource["spec"])
+    assert spec.gateway.inference_pool is not None and spec.engine.kv_events.enabled
 
 
 def test_keda_alternative(kube_tools: KubeTools) -> None:

@@ -6,6 +6,7 @@ node by marking the pods Ready. Set KVSERVE_SKIP_K8S=1 to skip these tests expli
 it, a control plane that cannot be built or started fails them.
 """
 
+import copy
 import json
 import time
 from pathlib import Path
@@ -16,10 +17,12 @@ from kubernetes import client, config
 
 from k8s.cluster_objects import (
     API,
+    PLAYED_LOAD_SECONDS,
     apply_yaml,
     children,
     condition,
     events_for,
+    install_inference_pool_crd,
     llmd,
     namespace,
     play_node,
@@ -67,7 +70,9 @@ def test_apply_makes_children_and_status(plane: ControlPlane, operator: Operator
         ("Available", "True", "MinimumReplicasAvailable"),
         ("Progressing", "False", "RolloutComplete"),
         ("Degraded", "False", "Reconciled"),
+        ("ModelLoaded", "True", "Loaded"),
     ]
+    assert status["modelLoadSeconds"] == PLAYED_LOAD_SECONDS
     table = plane.kubectl("get", "llmd", "-n", ns).stdout.split("\n")
     assert table[0].split() == ["NAME", "MODEL", "REPLICAS", "READY", "PHASE", "AGE"]
     assert table[1].split()[:5] == ["cpu-demo", "/opt/kvserve/models/demo", "2", "2", "Ready"]
@@ -360,13 +365,92 @@ def test_delete_leaves_nothing_behind(plane: ControlPlane, operator: Operator, k
     wait_for(nothing_left, "the garbage collector to remove every child")
 
 
+def test_a_crash_looping_pod_turns_model_loaded_false(
+    plane: ControlPlane, operator: Operator, kube: Kube
+) -> None:
+    """Only the pod's status changes (the Deployment's stays at 0 ready): the operator's pod
+    watch refreshes the condition."""
+    ns = namespace(plane, "crash")
+    apply_yaml(plane, ns, load_sample("cpu-demo.yaml"))
+    core = client.CoreV1Api(plane.admin_client())
+    pods = wait_for(lambda: len(p := core.list_namespaced_pod(ns).items) == 2 and p, "two pods")
+    loading = wait_for(lambda: condition(llmd(kube, ns, "cpu-demo"), "ModelLoaded"), "ModelLoaded")
+    assert (loading["status"], loading["reason"]) == ("Unknown", "Loading")
+    victim = sorted(p.metadata.name for p in pods)[0]
+    ended = {"exitCode": 1, "reason": "Error", "message": "loading\nValueError: bad config\n",
+             "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:04Z"}  # fmt: skip
+    server = {"name": "server", "ready": False, "restartCount": 2, "image": "kvserve:test",
+              "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+              "lastState": {"terminated": ended}}  # fmt: skip
+    body = {"status": {"phase": "Running", "containerStatuses": [server]}}
+    core.patch_namespaced_pod_status(victim, ns, body)
+    failed = wait_for(
+        lambda: (
+            (c := condition(llmd(kube, ns, "cpu-demo"), "ModelLoaded"))["status"] == "False" and c
+        ),
+        "ModelLoaded False",
+    )
+    assert (failed["reason"], failed["message"]) == (
+        "Error",
+        f"1/2 pods failed to load; {victim}: container server exited with code 1 (Error), "
+        "restarted 2 times: loading | ValueError: bad config",
+    )
+    plane.kubectl("delete", "llmd", "cpu-demo", "-n", ns)
+
+
+POOL_GATEWAY = {
+    "inferencePool": {
+        "name": "demo-pool",
+        "endpointPickerRef": {"name": "demo-epp", "port": 9002, "failureMode": "FailOpen"},
+    }
+}
+POOL_API = "inference.networking.k8s.io/v1"
+
+
+def _gateway_sample() -> dict:
+    body = load_sample("cpu-demo.yaml")
+    body["spec"]["gateway"] = copy.deepcopy(POOL_GATEWAY)
+    return body
+
+
+def test_pool_without_its_api_is_a_condition_and_one_event(
+    plane: ControlPlane, operator: Operator, kube: Kube
+) -> None:
+    """Runs before the InferencePool CRD is installed (the last test)."""
+    ns = namespace(plane, "no-pool-api")
+    apply_yaml(plane, ns, _gateway_sample())
+    pool = wait_for(lambda: condition(llmd(kube, ns, "cpu-demo"), "InferencePool"), "the condition")
+    message = (
+        "the spec asks for InferencePool demo-pool, but the cluster serves no "
+        "inference.networking.k8s.io/v1 InferencePool API: install the Gateway API Inference "
+        "Extension's CRDs (the pool is made at the next reconcile after that)"
+    )
+    assert (pool["status"], pool["reason"], pool["message"]) == (
+        "False",
+        "InferencePoolAPIMissing",
+        message,
+    )
+    assert condition(llmd(kube, ns, "cpu-demo"), "Degraded")["status"] == "False"
+    assert wait_for(lambda: children(kube, ns, "cpu-demo")["Deployment"], "the Deployment")
+    warning = [{"type": "Warning", "reason": "InferencePoolAPIMissing", "message": message}]
+    assert wait_for(lambda: events_for(plane, ns, "cpu-demo"), "the Event") == warning
+    # Status refreshes from pod and Deployment events recompute the condition: no second Event.
+    wait_for(lambda: play_node(plane, ns, "cpu-demo") == 2, "two pods")
+    wait_for(
+        lambda: condition(llmd(kube, ns, "cpu-demo"), "ModelLoaded")["status"] == "True",
+        "ModelLoaded",
+    )
+    assert condition(llmd(kube, ns, "cpu-demo"), "InferencePool") == pool
+    assert events_for(plane, ns, "cpu-demo") == warning
+
+
 POD_MONITOR_CRD = pod_monitor_crd({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
 
 
 def test_pod_monitor_once_the_prometheus_operator_api_exists(
     plane: ControlPlane, operator: Operator, kube: Kube
 ) -> None:
-    """Runs last: from here on the cluster serves monitoring.coreos.com (a stand-in CRD)."""
+    """Runs next to last: from here on the cluster serves monitoring.coreos.com (a stand-in)."""
     plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(POD_MONITOR_CRD))
     wait_for(
         lambda: plane.kubectl("get", "podmonitors", "-A", check=False).returncode == 0,
@@ -392,4 +476,72 @@ def test_pod_monitor_once_the_prometheus_operator_api_exists(
     wait_for(
         lambda: kube.get("monitoring.coreos.com/v1", "PodMonitor", ns, "cpu-demo") is None,
         "the PodMonitor collected",
+    )
+
+
+def test_inference_pool_once_its_api_exists(
+    plane: ControlPlane, operator: Operator, kube: Kube
+) -> None:
+    """Runs last: the published InferencePool CRD installed; the operator's pool is accepted,
+    renamed, and removed with the spec's gateway."""
+    install_inference_pool_crd(plane)
+    ns = namespace(plane, "gateway")
+    apply_yaml(plane, ns, _gateway_sample())
+    pool = wait_for(lambda: kube.get(POOL_API, "InferencePool", ns, "demo-pool"), "the pool")
+    owner = llmd(kube, ns, "cpu-demo")
+    (ref,) = pool["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["uid"], ref["controller"]) == (
+        "LLMDeployment",
+        owner["metadata"]["uid"],
+        True,
+    )
+    # As stored: the published schema's defaults (appProtocol, the picker's kind) filled in.
+    assert pool["spec"] == {
+        "selector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "kvserve",
+                "kvserve.io/llmdeployment": "cpu-demo",
+            }
+        },
+        "targetPorts": [{"number": 8000}],
+        "endpointPickerRef": {
+            "name": "demo-epp",
+            "kind": "Service",
+            "port": {"number": 9002},
+            "failureMode": "FailOpen",
+        },
+        "appProtocol": "http",
+    }
+    ready = wait_for(
+        lambda: (
+            (c := condition(llmd(kube, ns, "cpu-demo"), "InferencePool"))
+            and c["status"] == "True"
+            and c
+        ),
+        "the InferencePool condition True",
+    )
+    assert (ready["reason"], ready["message"]) == (
+        "PoolApplied",
+        "InferencePool demo-pool selects the pods on port 8000",
+    )
+    # The schema's own checks hold on 1.20: a pool without target ports is refused.
+    bad = {"apiVersion": POOL_API, "kind": "InferencePool", "metadata": {"name": "bad"},
+           "spec": {"selector": {"matchLabels": {"a": "b"}}, "targetPorts": []}}  # fmt: skip
+    refused = plane.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(bad), check=False)
+    assert refused.returncode == 1 and "spec.targetPorts" in refused.stderr, refused.stderr
+
+    rename = json.dumps({"spec": {"gateway": {"inferencePool": {"name": "demo-pool-2"}}}})
+    plane.kubectl("patch", "llmd", "cpu-demo", "-n", ns, "--type=merge", "-p", rename)
+    wait_for(lambda: kube.get(POOL_API, "InferencePool", ns, "demo-pool-2"), "the renamed pool")
+    wait_for(
+        lambda: kube.get(POOL_API, "InferencePool", ns, "demo-pool") is None, "the old pool gone"
+    )
+    remove = '[{"op": "remove", "path": "/spec/gateway"}]'
+    plane.kubectl("patch", "llmd", "cpu-demo", "-n", ns, "--type=json", "-p", remove)
+    wait_for(
+        lambda: kube.get(POOL_API, "InferencePool", ns, "demo-pool-2") is None, "the pool gone"
+    )
+    wait_for(
+        lambda: condition(llmd(kube, ns, "cpu-demo"), "InferencePool") is None,
+        "the InferencePool condition gone",
     )

@@ -1,5 +1,6 @@
 """The children the operator renders, field by field, and valid for a current Kubernetes."""
 
+import json
 from typing import Any
 
 import kubernetes_validate
@@ -173,6 +174,7 @@ def test_hf_gpu_deployment_exact(hf_owner: dict[str, Any]) -> None:
                             "readinessProbe": probe("/ready", 5, 3, 2),
                             "livenessProbe": probe("/health", 10, 5, 3),
                             "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
+                            "terminationMessagePolicy": "FallbackToLogsOnError",
                         }
                     ],
                     "volumes": [
@@ -256,6 +258,50 @@ def test_pvc_checkpoint() -> None:
         {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
     ]
     assert pod["terminationGracePeriodSeconds"] == 5 + 600 + 15
+
+
+def test_tool_call_parser_and_kv_events_exact() -> None:
+    body = owner("cpu-demo.yaml")
+    body["spec"]["model"]["servedName"] = "demo-chat"
+    body["spec"]["engine"] = {
+        "toolCallParser": "hermes",
+        "kvEvents": {"enabled": True, "port": 5600},
+    }
+    server = render(body)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert server["args"][-5:] == [
+        "--enable-auto-tool-choice",
+        "--tool-call-parser", "hermes",
+        "--kv-events-config",
+        '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5600", '
+        '"topic": "kv@$(POD_NAME)@demo-chat"}',
+    ]  # fmt: skip
+    assert server["env"] == [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "OMP_NUM_THREADS", "value": "2"},
+    ]
+    assert server["ports"] == [
+        {"name": "http", "containerPort": 8000, "protocol": "TCP"},
+        {"name": "kv-events", "containerPort": 5600, "protocol": "TCP"},
+    ]
+    kubernetes_validate.validate(render(body)["Deployment"], K8S_SCHEMA_VERSION, strict=True)
+
+
+def test_kv_events_default_port_and_off_by_default() -> None:
+    body = owner("cpu-demo.yaml")
+    plain = render(body)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert not {"--kv-events-config", "--tool-call-parser"} & set(plain["args"])
+    assert [p["name"] for p in plain["ports"]] == ["http"]
+    body["spec"]["engine"] = {"kvEvents": {"enabled": True}}
+    server = render(body)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    config = server["args"][server["args"].index("--kv-events-config") + 1]
+    assert json.loads(config) == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",
+        "topic": "kv@$(POD_NAME)@demo",
+    }
+    assert server["ports"][1] == {"name": "kv-events", "containerPort": 5557, "protocol": "TCP"}
 
 
 def test_user_env_replaces_ours_by_name() -> None:

@@ -72,6 +72,10 @@ def test_bad_model_sources(source: str, message: str) -> None:
             "engine.tensorParallelSize 2 needs at least 2 GPUs, not 1",
         ),
         ({"replicas": 1}, "spec.model: Field required"),
+        (
+            {"model": {"source": "/m"}, "engine": {"kvEvents": {"enabled": True, "port": 8000}}},
+            "engine.kvEvents.port 8000 is the server's HTTP port",
+        ),
     ],
 )  # fmt: skip
 def test_invalid_specs(spec: dict[str, Any], message: str) -> None:
@@ -129,6 +133,9 @@ def test_crd_defaults_equal_the_operators() -> None:
         "spec.engine.dtype",
         "spec.engine.enablePrefixCaching",
         "spec.engine.tensorParallelSize",
+        "spec.engine.kvEvents.enabled",
+        "spec.engine.kvEvents.port",
         "spec.drain.timeoutSeconds",
+        "spec.gateway.inferencePool.endpointPickerRef.failureMode",
     }
     assert [(p, crd) for p, crd, _ in pairs] == [(p, ours) for p, _, ours in pairs]

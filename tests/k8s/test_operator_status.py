@@ -64,6 +64,13 @@ def test_ready() -> None:
                 "message": "the spec is reconciled",
                 "lastTransitionTime": T1,
             },
+            {
+                "type": "ModelLoaded",
+                "status": "Unknown",
+                "reason": "NoPods",
+                "message": "no pod runs the model",
+                "lastTransitionTime": T1,
+            },
         ],
     }
 
@@ -75,6 +82,7 @@ def test_rolling_out_with_one_ready() -> None:
         ("Available", "True", "MinimumReplicasAvailable", "2/2 replicas ready"),
         ("Progressing", "True", "RollingOut", "1/2 replicas updated, 2 ready, 3 in total"),
         ("Degraded", "False", "Reconciled", "the spec is reconciled"),
+        ("ModelLoaded", "Unknown", "NoPods", "no pod runs the model"),
     ]
 
 
@@ -137,7 +145,7 @@ def test_transition_time_moves_only_when_status_flips() -> None:
     }
     status = build_status(body, deployment(2, 2, 2, 1))
     times = {c["type"]: c["lastTransitionTime"] for c in status["conditions"]}
-    assert times == {"Available": T0, "Progressing": T0, "Degraded": T1}
+    assert times == {"Available": T0, "Progressing": T0, "Degraded": T1, "ModelLoaded": T1}
     body["status"] = status
     assert build_status(body, deployment(2, 2, 2, 1)) == status
     settled = build_status(body, deployment(2, 2, 2, 2))
@@ -145,4 +153,5 @@ def test_transition_time_moves_only_when_status_flips() -> None:
         "Available": T0,
         "Progressing": T1,
         "Degraded": T1,
+        "ModelLoaded": T1,
     }

@@ -72,6 +72,22 @@ def test_chart_default_renders_args_the_server_accepts(
     assert (config.device, config.dtype, config.enable_prefix_caching) == ("cpu", "auto", True)
 
 
+def test_tool_calls_and_kv_events_render_args_the_server_accepts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    body = owner("cpu-demo.yaml")
+    body["spec"]["engine"] = {"toolCallParser": "llama3_json", "kvEvents": {"enabled": True}}
+    args, config = _parse_as_the_server_would(_server(body), monkeypatch)
+    assert (args.enable_auto_tool_choice, args.tool_call_parser) == (True, "llama3_json")
+    events = config.kv_events_config
+    assert (events.enable_kv_cache_events, events.publisher, events.endpoint, events.topic) == (
+        True,
+        "zmq",
+        "tcp://*:5557",
+        "kv@$(POD_NAME)@demo",
+    )
+
+
 def test_tensor_parallel_is_refused_as_the_server_refuses_it() -> None:
     body = owner("cpu-demo.yaml")
     body["spec"].update(TP2)

@@ -29,6 +29,7 @@ FRONT_PROXY_CN = "front-proxy-client"
 def exposition(waiting: int, running: int, kv_usage: float, model: str = "m") -> str:
     metrics = ServerMetrics(model)
     metrics.on_step(SchedulerStats(running, waiting, kv_usage), [])
+    metrics.snapshot.rebuild()
     return metrics.exposition().decode()
 
 
@@ -55,7 +56,7 @@ class PodServer:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.port = runner.addresses[0][1]
         try:
             yield self
         finally:
@@ -181,7 +182,7 @@ async def metrics_api(
     tls = server_ssl_context(str(pki.serving.cert), str(pki.serving.key), pki.config())
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    port = runner.addresses[0][1]
     try:
         async with aiohttp.ClientSession() as session:
             yield MetricsApi(f"https://127.0.0.1:{port}", session, pki)

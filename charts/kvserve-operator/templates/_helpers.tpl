@@ -24,9 +24,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/*
 Exactly the verbs the operator uses. kopf lists and watches every kind it handles and patches
-its annotations on LLMDeployments; the operator reads LLMDeployments and Deployments, writes
-children with server-side apply (create + patch) and the status with a patch, deletes only an
-HPA that a spec stops asking for, and posts Events. Everything else goes with its LLMDeployment
+its annotations on LLMDeployments; the operator reads LLMDeployments and Deployments, lists
+their pods (ModelLoaded) and InferencePools, writes children with server-side apply (create +
+patch) and the status with a patch, deletes only an HPA or InferencePool that a spec stops
+asking for, and posts Events. Everything else goes with its LLMDeployment
 through owner references and the garbage collector.
 */}}
 {{- define "kvserve-operator.rules" -}}
@@ -51,6 +52,12 @@ through owner references and the garbage collector.
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
   verbs: [list, watch, create, patch]
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
