@@ -180,11 +180,11 @@ def matmul_tflops(device: torch.device, n: int = 8192, repeats: int = 10) -> flo
 
 
 def _drain(engine) -> dict[str, list[int]]:
-    outputs = {}
+    """Step until idle; each request's output tokens (the engine's deltas, joined)."""
+    outputs: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
-            if out.finished:
-                outputs[out.request_id] = list(out.outputs[0].token_ids)
+            outputs.setdefault(out.request_id, []).extend(out.outputs[0].token_ids)
     return outputs
 
 
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     report["engine_start_s"] = time.perf_counter() - start
-    report["kv_blocks"] = engine.runner.num_blocks
+    report["kv_blocks"] = engine.plan.num_kv_blocks
     decode = {}
     for batch in args.batches:
         result = measure_decode(engine, batch, args.decode_prompt, args.decode_steps, args.seed)

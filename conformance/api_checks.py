@@ -40,11 +40,14 @@ def check_models(server: Server, wanted: str | None) -> tuple[bool, str, str | N
     if reply.status != 200 or body is None:
         return False, describe("GET /v1/models", reply), wanted
     data = body.get("data")
-    cards_ok = isinstance(data, list) and all(
-        isinstance(c, dict) and isinstance(c.get("id"), str) and c.get("object") == "model"
-        for c in data
-    )
-    if body.get("object") != "list" or not cards_ok:
+    if (
+        body.get("object") != "list"
+        or not isinstance(data, list)
+        or not all(
+            isinstance(c, dict) and isinstance(c.get("id"), str) and c.get("object") == "model"
+            for c in data
+        )
+    ):
         shape = "an object 'list' whose 'data' holds cards with a string 'id' and object 'model'"
         return False, f"GET /v1/models is not {shape}: {reply.body[:200]!r}", wanted
     ids = [card["id"] for card in data]

@@ -1,7 +1,8 @@
 """The engine for an event loop: ``async for out in llm.generate(...)``, ``llm.abort(id)``.
 
 One thread owns the ``LLMEngine`` and runs ``step()`` in a loop; nothing else touches
-it. The event loop hands requests and aborts over through a thread-safe queue, and the
+it. The event loop hands commands over through a thread-safe queue (``AddRequest``,
+``AbortRequest``, ``Shutdown``: one small type each, applied in order), and the
 thread hands each request's outputs back to that request's ``asyncio.Queue`` with
 ``call_soon_threadsafe``. So an HTTP handler never waits on a model step, and a step
 never waits on HTTP. With no unfinished request the thread sleeps on an event.
@@ -13,6 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from kvserve.engine.llm_engine import EngineDeadError, LLMEngine
@@ -36,14 +38,32 @@ class RequestFailedError(RuntimeError):
     """The engine failed this request (finish reason ``"error"``); the others go on."""
 
 
-class _Add:
-    def __init__(self, request_id, prompt, params, arrival_time, stream, accepted) -> None:
-        self.request_id = request_id
-        self.prompt = prompt
-        self.params = params
-        self.arrival_time = arrival_time
-        self.stream: asyncio.Queue = stream
-        self.accepted: asyncio.Future = accepted
+@dataclass(frozen=True)
+class AddRequest:
+    """Queue a request; ``accepted`` settles (on the event loop) once the engine took or
+    refused it, and its outputs go to ``stream``."""
+
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    arrival_time: float | None
+    stream: asyncio.Queue
+    accepted: asyncio.Future
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """Drop a request if the engine still has it (an unknown or finished id: nothing)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Stop the engine thread: open requests and adds queued after it get an error."""
+
+
+EngineCommand = AddRequest | AbortRequest | Shutdown
 
 
 class AsyncLLM:
@@ -52,8 +72,12 @@ class AsyncLLM:
         self.tokenizer = engine.tokenizer
         self.grammars = engine.grammars  # thread-safe: the server checks constraints with it
         self.max_model_len = engine.max_model_len
+        # What the server reads of the engine's settings (it never reaches into the engine).
+        self.model_path = engine.config.model
+        self.max_num_seqs = engine.config.max_num_seqs
+        self.enable_prefix_caching = engine.config.enable_prefix_caching
         self._observer = observer
-        self._commands: queue.SimpleQueue[_Add | str | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, asyncio.Queue] = {}  # engine thread only
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -72,8 +96,7 @@ class AsyncLLM:
 
     def shutdown(self) -> None:
         if self._thread is not None:
-            self._commands.put(None)
-            self._wakeup.set()
+            self._send(Shutdown())
             self._thread.join()
             self._thread = None
         self.engine.shutdown()
@@ -103,7 +126,7 @@ class AsyncLLM:
         assert self._loop is not None, "start() first"
         stream: asyncio.Queue = asyncio.Queue()
         accepted = self._loop.create_future()
-        self._send(_Add(request_id, prompt, params, arrival_time, stream, accepted))
+        self._send(AddRequest(request_id, prompt, params, arrival_time, stream, accepted))
         if self.error is not None and not accepted.done():
             # The loop died after the check above: it may have drained the queue already.
             accepted.set_exception(EngineDeadError(str(self.error)))
@@ -125,7 +148,7 @@ class AsyncLLM:
 
     def abort(self, request_id: str) -> None:
         """Abort a request: its blocks are freed before the next step."""
-        self._send(request_id)
+        self._send(AbortRequest(request_id))
 
     async def _outputs(self, request_id: str, stream: asyncio.Queue) -> AsyncIterator:
         finished = False
@@ -142,7 +165,7 @@ class AsyncLLM:
             if not finished:
                 self.abort(request_id)
 
-    def _send(self, command: "_Add | str") -> None:
+    def _send(self, command: EngineCommand) -> None:
         self._commands.put(command)
         self._wakeup.set()
 
@@ -163,36 +186,44 @@ class AsyncLLM:
         self._loop.call_soon_threadsafe(settle)
 
     def _apply_commands(self) -> bool:
-        """Apply queued adds and aborts; False once shutdown was asked for."""
+        """Apply queued adds and aborts, in order; False once shutdown was asked for."""
         changed = False
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if command is None:
-                return False
-            changed = True
-            if isinstance(command, str):
-                if self._streams.pop(command, None) is not None:
-                    self.engine.abort_request(command)
-                    self.num_unfinished -= 1
-                    if self._observer is not None:
-                        self._observer.on_abort(command)
-                continue
-            try:
-                self.engine.add_request(
-                    command.request_id, command.prompt, command.params, command.arrival_time
-                )
-            except Exception as exc:  # refused (ValueError) or broken: that request only
-                self._resolve(command.accepted, exc)
-                continue
-            self._streams[command.request_id] = command.stream
-            self.num_unfinished += 1
-            self._resolve(command.accepted, None)
+            match command:
+                case Shutdown():
+                    return False
+                case AbortRequest(request_id):
+                    changed = True
+                    self._abort(request_id)
+                case AddRequest():
+                    changed = True
+                    self._add(command)
         if changed:
             self._observe([])
         return True
+
+    def _abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None:
+            self.engine.abort_request(request_id)
+            self.num_unfinished -= 1
+            if self._observer is not None:
+                self._observer.on_abort(request_id)
+
+    def _add(self, command: AddRequest) -> None:
+        try:
+            self.engine.add_request(
+                command.request_id, command.prompt, command.params, command.arrival_time
+            )
+        except Exception as exc:  # refused (ValueError) or broken: that request only
+            self._resolve(command.accepted, exc)
+            return
+        self._streams[command.request_id] = command.stream
+        self.num_unfinished += 1
+        self._resolve(command.accepted, None)
 
     def _observe(self, outputs: list[RequestOutput]) -> None:
         self.stats = self.engine.stats
@@ -217,20 +248,37 @@ class AsyncLLM:
                     if output.finished:
                         del self._streams[output.request_id]
                         self.num_unfinished -= 1
+            self._stop()
         except BaseException as exc:
             log.critical("the engine loop stopped; this server can serve no request", exc_info=exc)
             self._die(exc)
+
+    def _queued_adds(self) -> list[AddRequest]:
+        """Empty the queue: the adds in it (aborts and shutdowns no longer matter)."""
+        adds = []
+        while not self._commands.empty():
+            command = self._commands.get_nowait()
+            if isinstance(command, AddRequest):
+                adds.append(command)
+        return adds
+
+    def _stop(self) -> None:
+        """Shutdown: every open request is aborted (its blocks freed, the observer told), its
+        stream and every add still queued get ``EngineDeadError``, and so does any later add."""
+        error = EngineDeadError("the engine shut down")
+        self.error = error
+        for request_id in list(self._streams):
+            self._deliver(self._streams[request_id], error)
+            self._abort(request_id)
+        for command in self._queued_adds():
+            self._resolve(command.accepted, error)
 
     def _die(self, exc: BaseException) -> None:
         """The loop stopped for good: health turns false at once, the observer stops
         counting the open requests as running, then every open stream and every add still
         queued gets the error."""
         self.error = exc
-        adds = []
-        while not self._commands.empty():
-            command = self._commands.get_nowait()
-            if isinstance(command, _Add):
-                adds.append(command)
+        adds = self._queued_adds()
         if self._observer is not None:
             self._observer.on_engine_dead(self.engine.stats, len(self._streams) + len(adds))
         for stream in self._streams.values():

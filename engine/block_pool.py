@@ -46,6 +46,11 @@ class BlockPool:
         return len(self._free)
 
     @property
+    def free_block_ids(self) -> list[int]:
+        """The free queue's block ids, the next one handed out first."""
+        return list(self._free)
+
+    @property
     def usage(self) -> float:
         """Fraction of blocks referenced by some request (cached-but-free counts as free)."""
         return 1.0 - len(self._free) / self.num_blocks

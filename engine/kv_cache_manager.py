@@ -1,6 +1,7 @@
 """Block tables of requests over the block pool, with prefix caching."""
 
 from kvserve.engine.block_pool import Block, BlockPool
+from kvserve.engine.cdiv import cdiv
 from kvserve.engine.kv_events import KVEventLog
 from kvserve.engine.request import Request
 
@@ -33,7 +34,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_prefix_caching, events)
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
     def computed_blocks(self, request: Request) -> list[Block]:
         """The cached blocks that hold a prefix of a request that has none computed yet
@@ -65,7 +66,9 @@ class KVCacheManager:
             return False
         self.pool.touch(computed)
         request.block_ids.extend(b.block_id for b in computed)
-        request.block_hashes.extend(b.block_hash for b in computed)
+        for block in computed:
+            assert block.block_hash is not None  # a prefix hit is a cached block
+            request.block_hashes.append(block.block_hash)
         request.block_ids.extend(b.block_id for b in self.pool.allocate(new_count))
         return True
 

@@ -1,9 +1,11 @@
-"""How many KV blocks fit on a CUDA device next to the weights and a full-size step.
+"""How many KV blocks the engine gets; every rule of it lives here.
 
-As in vLLM, ``gpu_memory_utilization`` is the share of the device's whole memory the
-engine may use: the weights, the peak activations of the largest step (measured by
-running one on a one-block cache) and memory held outside torch (CUDA context, other
-processes) come off it first, and the rest becomes KV blocks.
+``num_kv_blocks`` wins; else a budget of ``kv_cache_memory_gb`` over the bytes of a block;
+else on a CPU what ``max_num_seqs`` full contexts need, within DEFAULT_CPU_KV_CACHE_GB.
+On CUDA without either, as in vLLM, ``gpu_memory_utilization`` is the share of the
+device's whole memory the engine may use: the weights, the peak activations of the
+largest step (measured by running one on a one-block cache) and memory held outside torch
+(CUDA context, other processes) come off it first, and the rest becomes KV blocks.
 """
 
 import logging
@@ -13,11 +15,38 @@ from dataclasses import dataclass
 import torch
 
 from kvserve.engine.attention.metadata import AttentionMetadata
+from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.models.decoder import DecoderLM
+from kvserve.engine.models.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 GIB = 2**30
+DEFAULT_CPU_KV_CACHE_GB = 4.0
+
+
+def kv_block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one block: keys and values of ``block_size`` tokens in every layer."""
+    cfg = model_config
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+
+
+def configured_kv_blocks(
+    config: EngineConfig, block_bytes: int, max_model_len: int, device: torch.device
+) -> int | None:
+    """The blocks the settings fix without measuring; None where they are the share of a
+    CUDA device's memory left after a profiled step (``cuda_kv_cache_blocks``)."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if config.kv_cache_memory_gb is not None:
+        blocks = int(config.kv_cache_memory_gb * GIB) // block_bytes
+        if blocks < 1:
+            raise ValueError(f"a KV budget of {config.kv_cache_memory_gb:.3f} GiB holds no block")
+        return blocks
+    if device.type == "cuda":
+        return None
+    full_contexts = config.max_num_seqs * cdiv(max_model_len, config.block_size)
+    return min(full_contexts, int(DEFAULT_CPU_KV_CACHE_GB * GIB) // block_bytes)
 
 
 @dataclass(frozen=True)
@@ -93,7 +122,7 @@ def profile_step(
         slot_mapping=(torch.arange(num_tokens) % block_size).to(device),
         query_start_loc=torch.cat([starts[:1], ends]).to(torch.int32).to(device),
         seq_lens=lens.to(device),
-        block_tables=torch.zeros(len(query_lens), -(-max_len // block_size), dtype=torch.int32).to(
+        block_tables=torch.zeros(len(query_lens), cdiv(max_len, block_size), dtype=torch.int32).to(
             device
         ),
         query_lens_host=list(query_lens),

@@ -2,10 +2,11 @@
 
 import itertools
 from collections.abc import Sequence
+from typing import cast
 
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.outputs import RequestOutput
+from kvserve.engine.outputs import RequestOutput, join_outputs
 from kvserve.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -17,7 +18,7 @@ class LLM:
     Settings are those of ``EngineConfig``. ``generate`` takes one prompt or a
     list (strings or token-id lists) and one ``SamplingParams`` or one per
     prompt, runs them all with continuous batching and returns one output per
-    prompt, in order.
+    prompt, in order: each the join of its request's deltas.
     """
 
     def __init__(self, model: str, **settings) -> None:
@@ -32,26 +33,25 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        one = isinstance(prompts, str) or (prompts and isinstance(prompts[0], int))
+        batch = cast(list[Prompt], [prompts] if one else list(prompts))
         params = params or SamplingParams()
         if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        ids = [str(next(self._ids)) for _ in prompts]
+            params = [params] * len(batch)
+        if len(params) != len(batch):
+            raise ValueError(f"{len(batch)} prompts but {len(params)} sampling params")
+        ids = [str(next(self._ids)) for _ in batch]
         added = []
         try:
-            for request_id, prompt, p in zip(ids, prompts, params, strict=True):
+            for request_id, prompt, p in zip(ids, batch, params, strict=True):
                 self.engine.add_request(request_id, prompt, p)
                 added.append(request_id)
         except ValueError:
             for request_id in added:
                 self.engine.abort_request(request_id)
             raise
-        finished: dict[str, RequestOutput] = {}
+        deltas: dict[str, list[RequestOutput]] = {i: [] for i in ids}
         while self.engine.has_unfinished_requests():
             for output in self.engine.step():
-                if output.finished:
-                    finished[output.request_id] = output
-        return [finished[i] for i in ids]
+                deltas[output.request_id].append(output)
+        return [join_outputs(deltas[i]) for i in ids]

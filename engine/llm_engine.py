@@ -9,15 +9,16 @@ from transformers import AutoTokenizer
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.detokenizer import Detokenizer
 from kvserve.engine.device_copy import to_device
+from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
 from kvserve.engine.kv_cache_manager import KVCacheManager
 from kvserve.engine.kv_events import KVEventLog
 from kvserve.engine.kv_events_publisher import ZmqEventPublisher
-from kvserve.engine.model_runner import ModelRunner, prompt_logprob_spans
+from kvserve.engine.model_runner import ModelRunner
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from kvserve.engine.request import Request
 from kvserve.engine.sampler import Sampler, logprobs_of
-from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.sampling_params import SamplingParams, request_seed
 from kvserve.engine.scheduler import (
     Scheduler,
     SchedulerConfig,
@@ -49,24 +50,24 @@ class LLMEngine:
         self.startup = StartupPhases()
         with self.startup.measure("load"):
             self.model_config = ModelConfig.from_dir(config.model)
-            self.max_model_len = self._max_model_len()
             self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        plan = plan_execution(config, self.model_config)
         eos = set(self.model_config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = eos
-        self.runner = ModelRunner(
-            config, self.model_config, self.max_model_len, progress, self.startup
-        )
+        self.runner = ModelRunner(config, self.model_config, plan, progress, self.startup)
+        self.plan: ExecutionPlan = self.runner.plan
         events = config.kv_events_config
         self.kv_events: ZmqEventPublisher | None = None
         if events is not None and events.enabled:
-            medium = "GPU" if self.runner.device.type == "cuda" else "CPU"
+            medium = "GPU" if self.plan.device.type == "cuda" else "CPU"
             self.kv_events = ZmqEventPublisher(events, medium)
         with self.startup.measure("kv_alloc"):
+            assert self.plan.num_kv_blocks is not None
             self.kv = KVCacheManager(
-                self.runner.num_blocks,
-                config.block_size,
+                self.plan.num_kv_blocks,
+                self.plan.block_size,
                 config.enable_prefix_caching,
                 KVEventLog() if self.kv_events is not None else None,
             )
@@ -80,27 +81,14 @@ class LLMEngine:
         )
         self._compiling: list[Request] = []  # constrained requests whose grammar is not ready
         self.requests: dict[str, Request] = {}
+        self._num_taken = 0  # requests accepted so far: the index of an unseeded one's seed
         self._consecutive_failures = 0
-        log.info(
-            "loaded %s (%s) dtype=%s device=%s kv_blocks=%d x %d tokens, max_model_len=%d",
-            config.model,
-            self.model_config.family,
-            self.runner.dtype,
-            self.runner.device,
-            self.runner.num_blocks,
-            config.block_size,
-            self.max_model_len,
-        )
+        log.info("execution plan: %s", self.plan)
         log.info("startup phases: %s", self.startup)
 
-    def _max_model_len(self) -> int:
-        limit = self.model_config.max_position_embeddings
-        if self.model_config.sliding_window:
-            limit = min(limit, self.model_config.sliding_window)
-        wanted = self.config.max_model_len or limit
-        if wanted > limit:
-            raise ValueError(f"max_model_len {wanted} exceeds the model's context of {limit}")
-        return wanted
+    @property
+    def max_model_len(self) -> int:
+        return self.plan.max_model_len
 
     @property
     def stats(self) -> SchedulerStats:
@@ -117,7 +105,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
-        token_ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._validate(token_ids)
         vocab = self.model_config.vocab_size
         for name, ids in (
@@ -132,12 +120,25 @@ class LLMEngine:
         ):
             if num is not None and num > vocab:
                 raise ValueError(f"invalid {name}: {num} (must be at most the vocabulary, {vocab})")
-        request = Request(request_id, token_ids, params, text, arrival_time)
-        request.detokenizer = Detokenizer(
+        detokenizer = Detokenizer(
             self.tokenizer, token_ids, params.stop, params.skip_special_tokens
         )
+        grammar = None
         if params.constraint is not None:
-            request.grammar = RequestGrammar(self.grammars.submit(params.constraint))
+            grammar = RequestGrammar(self.grammars.submit(params.constraint))
+        if params.seed is None and self.config.seed is not None:
+            params = params.replace(seed=request_seed(self.config.seed, self._num_taken))
+        self._num_taken += 1
+        request = Request(
+            request_id,
+            token_ids,
+            params,
+            text,
+            arrival_time,
+            detokenizer=detokenizer,
+            grammar=grammar,
+        )
+        if grammar is not None:
             self._compiling.append(request)
         self.requests[request_id] = request
         self.scheduler.add(request)
@@ -155,10 +156,10 @@ class LLMEngine:
                 f"within the model's context of {self.max_model_len} tokens"
             )
         needed = self.kv.blocks_needed(len(token_ids) + 1)
-        if needed > self.runner.num_blocks:
+        if needed > self.kv.pool.num_blocks:
             raise ValueError(
                 f"the prompt needs {needed} KV blocks but the cache has only "
-                f"{self.runner.num_blocks}"
+                f"{self.kv.pool.num_blocks}"
             )
 
     def abort_request(self, request_id: str) -> None:
@@ -213,7 +214,9 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if not out.scheduled:
             if self._compiling:
-                self._compiling[0].grammar.wait(GRAMMAR_POLL_S)
+                grammar = self._compiling[0].grammar
+                assert grammar is not None
+                grammar.wait(GRAMMAR_POLL_S)
             return unusable
         try:
             logits = self.runner.execute(out)
@@ -221,14 +224,11 @@ class LLMEngine:
             return unusable + self._fail_step(out, exc)
         self._consecutive_failures = 0
         sampling = out.sampling_requests
-        spans = prompt_logprob_spans(out)
         sampled, failed = self._sample(logits[: len(sampling)], sampling)
-        failed += self._record_prompt_logprobs(spans, logits[len(sampling) :])
+        failed += self._record_prompt_logprobs(out.prompt_logprob_spans, logits[len(sampling) :])
         for request in failed:
             self._fail(request)
-        kept = SchedulerOutput(
-            [(r, n) for r, n in out.scheduled if not r.is_finished], out.preempted
-        )
+        kept = out.without_finished()
         token_ids = []
         for request in kept.sampling_requests:
             token_id, logprob = sampled[request.request_id]
@@ -336,20 +336,31 @@ class LLMEngine:
             return ""
         if request.is_finished:
             detokenizer.flush()
-        return detokenizer.output_text(request.is_finished)
+        return detokenizer.take(request.is_finished)
 
     def _output(self, request: Request) -> RequestOutput:
-        """The request's output so far; a request whose text raises fails (reason "error")."""
+        """What is new in the request since its previous output (a delta, see
+        ``RequestOutput``): it slices only the new tokens and logprobs, so a step's work does
+        not grow with the output. A request whose text raises fails (reason "error")."""
         try:
             text = self._text(request)
         except Exception:
             log.exception("the text of request %s failed", request.request_id)
             self._fail(request)
             text = ""
-        tokens = request.output_token_ids
-        logprobs = list(request.logprobs) if request.params.logprobs is not None else None
+        sent, total = request.num_emitted_tokens, request.num_output_tokens
+        tokens = request.all_token_ids[request.num_prompt_tokens + sent :]
+        logprobs = request.logprobs[sent:] if request.params.logprobs is not None else None
+        first = request.num_outputs == 0
+        request.num_emitted_tokens, request.num_outputs = total, request.num_outputs + 1
         completion = CompletionOutput(
-            0, tokens, text, request.finish_reason, request.stop_reason, logprobs
+            0,
+            tokens,
+            text,
+            request.finish_reason,
+            request.stop_reason,
+            logprobs,
+            num_output_tokens=total,
         )
         return RequestOutput(
             request_id=request.request_id,
@@ -363,7 +374,7 @@ class LLMEngine:
             first_token_time=request.first_token_time,
             last_token_time=request.last_token_time,
             finished_time=request.finished_time,
-            prompt_logprobs=list(request.prompt_logprobs)
-            if request.params.prompt_logprobs is not None
+            prompt_logprobs=request.prompt_logprobs
+            if first and request.params.prompt_logprobs is not None
             else None,
         )

@@ -6,12 +6,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvserve.engine.attention.backend import select_backend
 from kvserve.engine.attention.metadata import AttentionMetadata
-from kvserve.engine.config import DEFAULT_CPU_KV_CACHE_GB, EngineConfig
-from kvserve.engine.cuda_graphs import DecodeGraphs, capture_sizes, use_cuda_graphs
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.cuda_graphs import DecodeGraphs, capture_sizes
 from kvserve.engine.device_copy import to_device
-from kvserve.engine.kv_cache_sizing import cuda_kv_cache_blocks
+from kvserve.engine.execution_plan import ExecutionPlan
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.request import Request
@@ -28,21 +27,9 @@ class StepInputs:
     logits_indices: torch.Tensor  # rows whose logits are sampled, one per sampling request
 
 
-def prompt_logprob_spans(out: SchedulerOutput) -> list[tuple[Request, range]]:
-    """For each scheduled request that asks for prompt logprobs, the positions computed
-    this step whose logits score the next prompt token."""
-    spans = []
-    for request, num_new in out.scheduled:
-        if request.params.prompt_logprobs is not None:
-            start = request.num_computed_tokens
-            end = min(start + num_new, request.num_prompt_tokens - 1)
-            if end > start:
-                spans.append((request, range(start, end)))
-    return spans
-
-
 class ModelRunner:
-    """Loads the model, owns the paged KV cache and runs each step's batch.
+    """Loads the model, owns the paged KV cache and runs each step's batch, as ``plan``
+    says; ``self.plan`` is that plan with its KV blocks measured where they had to be.
 
     The batch is flat and unpadded: the scheduled tokens of every request,
     concatenated in scheduling order. Only the last row of each request that
@@ -53,46 +40,47 @@ class ModelRunner:
         self,
         config: EngineConfig,
         model_config: ModelConfig,
-        max_model_len: int,
+        plan: ExecutionPlan,
         progress: Callable[[int, int], None] | None = None,
         startup: StartupPhases | None = None,
     ) -> None:
         self.startup = startup or StartupPhases()
-        self.config = config
-        self.model_config = model_config
-        self.device = config.torch_device()
-        self.dtype = config.torch_dtype(model_config.torch_dtype, self.device)
-        self.block_size = config.block_size
-        self.backend = select_backend(self.device, config.attention_backend)
-        with self.startup.measure("load", self.device):
+        device, dtype = plan.device, plan.dtype
+        with self.startup.measure("load", device):
             self.model = load_model(
                 config.model,
                 model_config,
-                self.backend,
-                max_model_len,
-                self.dtype,
-                self.device,
+                plan.backend,
+                plan.max_model_len,
+                dtype,
+                device,
                 progress,
+                plan.packed_linears,
             )
-        with self.startup.measure("kv_alloc", self.device):
-            self.num_blocks = self._num_blocks(max_model_len)
+        with self.startup.measure("kv_alloc", device):
+            if plan.num_kv_blocks is None:
+                plan = plan.with_measured_kv_blocks(self.model, config)
+            self.plan = plan
+            assert plan.num_kv_blocks is not None
             shape = (
-                self.num_blocks, self.block_size, model_config.num_kv_heads, model_config.head_dim
-            )  # fmt: skip
+                plan.num_kv_blocks,
+                plan.block_size,
+                model_config.num_kv_heads,
+                model_config.head_dim,
+            )
             self.kv_caches = [
                 (
-                    torch.zeros(shape, dtype=self.dtype, device=self.device),
-                    torch.zeros(shape, dtype=self.dtype, device=self.device),
+                    torch.zeros(shape, dtype=dtype, device=device),
+                    torch.zeros(shape, dtype=dtype, device=device),
                 )
                 for _ in range(model_config.num_layers)
             ]
         self.forward: Callable[..., torch.Tensor] = self.model
-        with self.startup.measure("warmup", self.device):
-            if use_cuda_graphs(self.device, self.backend.name, config.enforce_eager):
+        with self.startup.measure("warmup", device):
+            if plan.cuda_graphs:
                 sizes = capture_sizes(config.max_num_seqs)
-                max_blocks = -(-max_model_len // self.block_size)
                 self.forward = DecodeGraphs(
-                    self.model, self.kv_caches, sizes, max_blocks, self.device
+                    self.model, self.kv_caches, sizes, plan.max_blocks_per_seq, device
                 )
             self._warm_up()
 
@@ -102,33 +90,12 @@ class ModelRunner:
         which a request overwrites before it reads them."""
         request = Request("warmup", [0], SamplingParams(max_tokens=1))
         request.block_ids = [0]
-        self.execute(SchedulerOutput([(request, 1)]))
-
-    @property
-    def block_bytes(self) -> int:
-        cfg = self.model_config
-        per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
-        return per_token * self.block_size
-
-    def _num_blocks(self, max_model_len: int) -> int:
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
-        if self.config.kv_cache_memory_gb is None and self.device.type == "cuda":
-            return cuda_kv_cache_blocks(
-                self.model, self.config, max_model_len, self.block_bytes, self.dtype, self.device
-            )
-        if self.config.kv_cache_memory_gb is not None:
-            budget_gb = self.config.kv_cache_memory_gb
-            blocks = int(budget_gb * 2**30) // self.block_bytes
-            if blocks < 1:
-                raise ValueError(f"a KV budget of {budget_gb:.3f} GiB holds no block")
-            return blocks
-        # CPU default: what max_num_seqs full contexts need, within DEFAULT_CPU_KV_CACHE_GB
-        full_contexts = self.config.max_num_seqs * -(-max_model_len // self.block_size)
-        return min(full_contexts, int(DEFAULT_CPU_KV_CACHE_GB * 2**30) // self.block_bytes)
+        out = SchedulerOutput()
+        out.add(request, 1)
+        self.execute(out)
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
-        bs = self.block_size
+        bs = self.plan.block_size
         ids: list[int] = []
         positions, slots, query_lens, seq_lens = [], [], [], []
         tables = np.zeros(
@@ -145,17 +112,16 @@ class ModelRunner:
             query_lens.append(num_new)
             seq_lens.append(start + num_new)
         ends = np.cumsum(query_lens)
-        sampled = [
-            row
-            for row, (r, n) in enumerate(out.scheduled)
-            if r.num_computed_tokens + n == r.num_tokens
-        ]
-        logits_rows = [ends[sampled] - 1]
-        first_row = {id(r): end - n for (r, n), end in zip(out.scheduled, ends, strict=True)}
-        for request, span in prompt_logprob_spans(out):
-            offset = first_row[id(request)] - request.num_computed_tokens
-            logits_rows.append(np.arange(span.start, span.stop) + offset)
-        dev = self.device
+        # a request's batch rows hold its positions from num_computed_tokens on, in order
+        offset = {
+            id(r): end - n - r.num_computed_tokens
+            for (r, n), end in zip(out.scheduled, ends, strict=True)
+        }
+        sampling = [offset[id(r)] + r.num_tokens - 1 for r in out.sampling_requests]
+        logits_rows = [np.asarray(sampling, dtype=np.int64)]
+        for request, span in out.prompt_logprob_spans:
+            logits_rows.append(np.arange(span.start, span.stop) + offset[id(request)])
+        dev = self.plan.device
         meta = AttentionMetadata(
             slot_mapping=to_device(np.concatenate(slots), dev),
             query_start_loc=to_device(np.concatenate([[0], ends]), dev, torch.int32),
@@ -175,8 +141,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Run the step; fp32 logits ``[num_sampling_requests, vocab]``, followed by the
-        rows of ``prompt_logprob_spans(out)`` in order."""
+        """Run the step; fp32 logits ``[len(out.sampling_requests), vocab]``, followed by
+        the rows of ``out.prompt_logprob_spans`` in order."""
         inputs = self.prepare(out)
         hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         return self.model.logits(hidden[inputs.logits_indices])

@@ -1,6 +1,9 @@
-"""What the engine hands back for each request."""
+"""What the engine hands back for each request: one ``RequestOutput`` per step that brings
+it something, each a delta (what is new since the request's previous output)."""
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -15,16 +18,24 @@ class Logprob:
 
 @dataclass
 class CompletionOutput:
+    """What is new since the request's previous output; ``num_output_tokens`` counts all its
+    output tokens so far (these included)."""
+
     index: int
-    token_ids: list[int]  # all generated so far
-    text: str
+    token_ids: list[int]  # new since the previous output
+    text: str  # new since the previous output; the pieces add up to the final text
     finish_reason: str | None = None  # None while running, then "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop token id or string that ended it
-    logprobs: list[Logprob] | None = None  # one per token, when asked for
+    logprobs: list[Logprob] | None = None  # one per token of ``token_ids``, when asked for
+    num_output_tokens: int = field(kw_only=True)
 
 
 @dataclass
 class RequestOutput:
+    """One request's delta: its ``outputs`` hold what is new since its previous output;
+    ``prompt_logprobs`` come in its first output only; the counts and times are as of now.
+    ``join_outputs`` turns a request's deltas back into its complete output."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -37,3 +48,24 @@ class RequestOutput:
     last_token_time: float | None = None  # when the latest token of ``outputs`` was sampled
     finished_time: float | None = None
     prompt_logprobs: list[Logprob | None] | None = None  # None for the first prompt token
+
+
+def join_outputs(deltas: Sequence[RequestOutput]) -> RequestOutput:
+    """The deltas of one request, in order, as one output: tokens, text and logprobs
+    concatenated, the prompt logprobs of the first, everything else of the last (one delta
+    is its own join: no copy)."""
+    if len(deltas) == 1:
+        return deltas[0]
+    last = deltas[-1]
+    completion = last.outputs[0]
+    pieces = [d.outputs[0] for d in deltas]
+    logprobs = None
+    if completion.logprobs is not None:
+        logprobs = [lp for piece in pieces for lp in piece.logprobs or ()]
+    joined = dataclasses.replace(
+        completion,
+        token_ids=[t for piece in pieces for t in piece.token_ids],
+        text="".join(piece.text for piece in pieces),
+        logprobs=logprobs,
+    )
+    return dataclasses.replace(last, outputs=[joined], prompt_logprobs=deltas[0].prompt_logprobs)

@@ -24,6 +24,11 @@ class Request:
     their keys and values in the blocks of ``block_ids`` (the request's block
     table, append-only while it runs, emptied when it is preempted or ends).
     A preempted request keeps its output tokens and recomputes them as prompt.
+
+    Its text and stop strings are its ``detokenizer``'s and its constraint its ``grammar``'s,
+    both given at construction. A request built without a detokenizer (token ids only: the
+    runner's warm-up, scheduler tests) has no text and no stop string. The scheduler gets
+    the stop-string decision from ``add_text``, never from the detokenizer itself.
     """
 
     def __init__(
@@ -33,6 +38,8 @@ class Request:
         params: SamplingParams,
         prompt: str | None = None,
         arrival_time: float | None = None,
+        detokenizer: Detokenizer | None = None,
+        grammar: RequestGrammar | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -51,12 +58,14 @@ class Request:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None  # when its latest output token was sampled
         self.finished_time: float | None = None
-        self.detokenizer: Detokenizer | None = None  # set by the engine: text and stop strings
+        self.detokenizer = detokenizer
         self.logprobs: list[Logprob] = []  # one per output token, if params.logprobs is set
+        self.num_outputs = 0  # outputs handed out so far (the first carries prompt logprobs)
+        self.num_emitted_tokens = 0  # output tokens already in an output: the delta's start
         # One per prompt token if params.prompt_logprobs is set; the first token has none.
         self.prompt_logprobs: list[Logprob | None] = [None]
         self.generator: torch.Generator | None = None
-        self.grammar: RequestGrammar | None = None  # set by the engine for a constrained request
+        self.grammar = grammar  # a constrained request's: what it may sample next
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
 
@@ -69,7 +78,12 @@ class Request:
         return len(self.prompt_token_ids)
 
     @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
     def output_token_ids(self) -> list[int]:
+        """A copy: for what needs them all (penalties), not for counting."""
         return self.all_token_ids[self.num_prompt_tokens :]
 
     @property
@@ -80,6 +94,15 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    def add_text(self, token: int) -> str | None:
+        """Add a sampled token to the text; the stop string it completes, if any. Stop
+        strings count once ``min_tokens`` are out, and never for a constrained request
+        (its grammar decides where it ends)."""
+        if self.detokenizer is None:
+            return None
+        check_stop = self.grammar is None and self.num_output_tokens >= self.params.min_tokens
+        return self.detokenizer.update([token], check_stop=check_stop)
 
     def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
         self.status = RequestStatus.FINISHED

@@ -34,9 +34,9 @@ def logprobs_of(
     chosen = logprobs.gather(1, token_ids[:, None])[:, 0].tolist()
     k = max(num_top, default=0)
     top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], token_ids[:, None])
-    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    values, ids = top_values.tolist(), top_ids.tolist()
     return [
-        Logprob(token, value, tuple(zip(top_ids[row][:n], top_values[row][:n], strict=True)))
+        Logprob(token, value, tuple(zip(ids[row][:n], values[row][:n], strict=True)))
         for row, (token, value, n) in enumerate(
             zip(token_ids.tolist(), chosen, num_top, strict=True)
         )
@@ -92,7 +92,7 @@ class Sampler:
             logits = torch.where(seen, penalised, logits)
         banned = [
             [*self.eos_token_ids, *r.params.stop_token_ids]
-            if len(r.output_token_ids) < r.params.min_tokens and r.grammar is None
+            if r.num_output_tokens < r.params.min_tokens and r.grammar is None
             else []
             for r in requests
         ]

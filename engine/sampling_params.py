@@ -1,6 +1,7 @@
 """Generation knobs of one request, validated once."""
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 
 from kvserve.engine.structured.spec import OutputConstraint
@@ -13,6 +14,14 @@ MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 MAX_FLOAT = 3.4028234663852886e38
 # Temperatures below this are greedy, as in vLLM: dividing logits by them overflows.
 GREEDY_TEMPERATURE = 1e-5
+
+
+def request_seed(engine_seed: int, index: int) -> int:
+    """The seed of the ``index``-th request an engine started with ``engine_seed`` takes when
+    the request gives none: a hash of both, so neighbouring requests (and engines) draw
+    unrelated streams, in [0, 2**63)."""
+    digest = hashlib.blake2b(f"{engine_seed},{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 @dataclass(frozen=True)

@@ -25,19 +25,46 @@ class SchedulerConfig:
 
 @dataclass
 class SchedulerOutput:
-    """The step's work in batch order: each request with its number of new tokens."""
+    """The step's work in batch order: each request with its number of new tokens, and the
+    step's facts, settled by ``add`` as each request is scheduled (before anything runs),
+    so the runner, the engine and ``Scheduler.update`` read them instead of working them
+    out again from request state that the step changes:
+
+    - ``sampling_requests``: those whose scheduled tokens reach their end, in batch order;
+      each yields one token (the logits rows of the step, first).
+    - ``prompt_logprob_spans``: for each request asking for prompt logprobs, the positions
+      computed this step whose logits score the next prompt token (the logits rows after
+      the sampling ones, in order).
+    """
 
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    sampling_requests: list[Request] = field(default_factory=list)
+    prompt_logprob_spans: list[tuple[Request, range]] = field(default_factory=list)
+
+    def add(self, request: Request, num_new: int) -> None:
+        """Schedule ``num_new`` tokens of ``request`` from its ``num_computed_tokens`` on."""
+        start = request.num_computed_tokens
+        self.scheduled.append((request, num_new))
+        if start + num_new == request.num_tokens:
+            self.sampling_requests.append(request)
+        if request.params.prompt_logprobs is not None:
+            end = min(start + num_new, request.num_prompt_tokens - 1)
+            if end > start:
+                self.prompt_logprob_spans.append((request, range(start, end)))
+
+    def without_finished(self) -> "SchedulerOutput":
+        """The same step less the requests finished since it was made (failed ones)."""
+        return SchedulerOutput(
+            [(r, n) for r, n in self.scheduled if not r.is_finished],
+            self.preempted,
+            [r for r in self.sampling_requests if not r.is_finished],
+            [(r, span) for r, span in self.prompt_logprob_spans if not r.is_finished],
+        )
 
     @property
     def num_batched_tokens(self) -> int:
         return sum(n for _, n in self.scheduled)
-
-    @property
-    def sampling_requests(self) -> list[Request]:
-        """Requests whose scheduled tokens reach their end: each yields one token."""
-        return [r for r, n in self.scheduled if r.num_computed_tokens + n == r.num_tokens]
 
 
 @dataclass
@@ -88,7 +115,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                out.scheduled.append((request, num_new))
+                out.add(request, num_new)
                 budget -= num_new
                 index += 1
         # A request whose grammar is still compiling keeps its place; the others pass it.
@@ -109,7 +136,7 @@ class Scheduler:
                 request.first_scheduled_time = time.monotonic()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            out.scheduled.append((request, num_new))
+            out.add(request, num_new)
             budget -= num_new
         self._refresh_stats()
         return out
@@ -126,11 +153,10 @@ class Scheduler:
         tokens (``sampled`` follows ``out.sampling_requests``); finish and free the
         requests that hit a stop condition, and those whose stop check raised (reason
         ``"error"``: one request's text cannot stop the others)."""
-        sampling = out.sampling_requests
         for request, num_new in out.scheduled:
             request.num_computed_tokens += num_new
         now = time.monotonic()
-        for request, token in zip(sampling, sampled, strict=True):
+        for request, token in zip(out.sampling_requests, sampled, strict=True):
             request.all_token_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
@@ -154,11 +180,7 @@ class Scheduler:
             request.finish("stop", token)
         elif token in eos_token_ids and not params.ignore_eos:
             request.finish("stop", None)
-        elif request.detokenizer is not None and (
-            stop := request.detokenizer.update(
-                [token], check_stop=len(request.output_token_ids) >= params.min_tokens
-            )
-        ):
+        elif (stop := request.add_text(token)) is not None:
             request.finish("stop", stop)
         elif self._at_length(request):
             request.finish("length")
@@ -167,9 +189,9 @@ class Scheduler:
         """A constrained request ends when its grammar accepted EOS (the mask allows EOS
         only where the grammar may end), or at its length; stop ids and strings do not
         count, so they cannot cut the output short of the grammar."""
-        assert request.grammar is not None and request.detokenizer is not None
+        assert request.grammar is not None
         request.grammar.accept(token)
-        request.detokenizer.update([token], check_stop=False)
+        request.add_text(token)
         if request.grammar.is_terminated:
             request.finish("stop", None)
         elif self._at_length(request):

@@ -21,9 +21,12 @@ import json
 import math
 from typing import Any
 
+from pydantic import BaseModel
+
 from kvserve.operator.quantity import parse_quantity
 from kvserve.operator.resource import HTTP_PORT, child_metadata, labels, selector_labels
 from kvserve.operator.spec import LLMDeploymentSpec, ModelSource
+from kvserve.server.server_settings import CRD_ENGINE_SETTINGS
 
 PRESTOP_SECONDS = 5
 GRACE_MARGIN_SECONDS = 15
@@ -62,26 +65,28 @@ def serve_args(name: str, spec: LLMDeploymentSpec, source: ModelSource) -> list[
         "--host", "0.0.0.0",
         "--port", str(HTTP_PORT),
         "--device", "cuda" if spec.resources.gpus else "cpu",
-        "--dtype", engine.dtype,
-        "--tensor-parallel-size", str(engine.tensor_parallel_size),
-        "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
+        *engine_flags(engine, defaulted=True),
         "--shutdown-timeout", str(spec.drain.timeout_seconds),
+        *engine_flags(engine, defaulted=False),
     ]  # fmt: skip
-    optional = {
-        "--max-num-seqs": engine.max_num_seqs,
-        "--max-num-batched-tokens": engine.max_num_batched_tokens,
-        "--max-model-len": engine.max_model_len,
-        "--block-size": engine.block_size,
-        "--gpu-memory-utilization": engine.gpu_memory_utilization,
-    }
-    for flag, value in optional.items():
-        if value is not None:
-            args += [flag, str(value)]
-    if engine.tool_call_parser is not None:
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_call_parser]
     if engine.kv_events.enabled:
         args += ["--kv-events-config", kv_events_config(spec, name)]
     return args + list(spec.extra_args)
+
+
+def engine_flags(engine: BaseModel, defaulted: bool) -> list[str]:
+    """The flags of ``spec.engine``'s declared settings (``CRD_ENGINE_SETTINGS``, in their
+    order) whose default the CRD gives (always set), or else those the spec sets."""
+    flags: list[str] = []
+    for d in CRD_ENGINE_SETTINGS:
+        crd, value = d.setting.crd, getattr(engine, d.name)
+        if crd is None or crd.defaulted != defaulted or value is None:
+            continue
+        if d.kind is bool:
+            flags.append(d.flag if value else "--no-" + d.flag.removeprefix("--"))
+        else:
+            flags += [*crd.with_flags, d.flag, str(value)]
+    return flags
 
 
 def kv_events_config(spec: LLMDeploymentSpec, name: str) -> str:

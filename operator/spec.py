@@ -11,10 +11,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from kvserve.engine.settings import Declared
 from kvserve.operator.quantity import check_quantity
 from kvserve.operator.resource import HTTP_PORT
+from kvserve.server.server_settings import CRD_ENGINE_SETTINGS
 
 
 class InvalidSpec(ValueError):
@@ -70,17 +72,23 @@ class KVEventsSpec(_Spec):
     port: int = 5557
 
 
-class EngineSpec(_Spec):
-    max_num_seqs: int | None = Field(None, alias="maxNumSeqs")
-    max_num_batched_tokens: int | None = Field(None, alias="maxNumBatchedTokens")
-    max_model_len: int | None = Field(None, alias="maxModelLen")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    enable_prefix_caching: bool = Field(True, alias="enablePrefixCaching")
-    block_size: int | None = Field(None, alias="blockSize")
-    tensor_parallel_size: int = Field(1, alias="tensorParallelSize")
-    gpu_memory_utilization: float | None = Field(None, alias="gpuMemoryUtilization")
-    tool_call_parser: Literal["hermes", "llama3_json"] | None = Field(None, alias="toolCallParser")
-    kv_events: KVEventsSpec = Field(default_factory=KVEventsSpec, alias="kvEvents")
+def _engine_field(d: Declared) -> tuple[Any, Any]:
+    """A declared setting as an ``EngineSpec`` field: its CRD name, its choices as a Literal;
+    None (the server's default) unless the CRD gives the default."""
+    kind = Literal[d.setting.choices] if d.setting.choices else d.kind  # type: ignore[valid-type]
+    if d.setting.crd is not None and d.setting.crd.defaulted:
+        return kind, Field(d.default, alias=d.crd_name)
+    return kind | None, Field(None, alias=d.crd_name)
+
+
+EngineSpec = create_model(
+    "EngineSpec",
+    __base__=_Spec,
+    __doc__="The CRD's ``engine`` block: the declared settings (``CRD_ENGINE_SETTINGS``) and "
+    "``kvEvents``.",
+    **{d.name: _engine_field(d) for d in CRD_ENGINE_SETTINGS},
+    kv_events=(KVEventsSpec, Field(default_factory=KVEventsSpec, alias="kvEvents")),
+)
 
 
 class EndpointPickerRef(_Spec):
@@ -113,7 +121,7 @@ class LLMDeploymentSpec(_Spec):
     image_pull_policy: str | None = Field(None, alias="imagePullPolicy")
     api_key_secret: SecretKey | None = Field(None, alias="apiKeySecret")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    engine: EngineSpec = Field(default_factory=EngineSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)  # type: ignore[valid-type]
     extra_args: list[str] = Field(default_factory=list, alias="extraArgs")
     env: list[dict[str, Any]] = Field(default_factory=list)
     drain: DrainSpec = Field(default_factory=DrainSpec)

@@ -9,17 +9,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from kvserve.server.body import MAX_BODY_BYTES, read_json
+from kvserve.server.endpoints import create_chat_completion, create_completion
 from kvserve.server.errors import APIError, bad_request, unavailable
 from kvserve.server.openapi import openapi_document
 from kvserve.server.protocol import DetokenizeRequest, TokenizeRequest, parse_body
-from kvserve.server.serving import (
-    REQUEST_ID,
-    ServerState,
-    chat_prompt_ids,
-    check_model,
-    create_chat_completion,
-    create_completion,
-)
+from kvserve.server.request_params import chat_prompt_ids, check_model
+from kvserve.server.state import REQUEST_ID, ServerState
 
 log = logging.getLogger(__name__)
 

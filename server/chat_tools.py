@@ -16,7 +16,9 @@ function, which OpenAI reports as ``"stop"``; an output cut by ``max_tokens`` is
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kvserve.engine.structured.compiler import GrammarCompiler
 from kvserve.engine.structured.spec import OutputConstraint
@@ -120,7 +122,7 @@ def required_schema(tools: list[Tool], parallel: bool) -> dict:
     return schema
 
 
-def template_tools(tools: list[Tool] | None) -> list[dict] | None:
+def template_tools(tools: list[Tool] | None) -> list[dict | Callable[..., Any]] | None:
     """The tools as chat templates take them (``tools=``): OpenAI's JSON shape."""
     return None if tools is None else [t.model_dump(exclude_none=True) for t in tools]
 

@@ -6,22 +6,18 @@ A flag on the command line beats its environment variable, which beats the defau
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from kvserve.conformance.command import conformance_parser
 from kvserve.conformance.command import run as run_conformance
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.kv_events import KVEventsConfig
-from kvserve.server.tool_parsers import TOOL_PARSERS
+from kvserve.engine.settings import Declared, declared
+from kvserve.server.server_settings import SERVE_SETTINGS
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model"
-ENV_PREFIX = "KVSERVE_"
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
-
-
-def _env_name(dest: str) -> str:
-    return ENV_PREFIX + dest.upper()
 
 
 def _env_bool(name: str, text: str) -> bool:
@@ -30,11 +26,28 @@ def _env_bool(name: str, text: str) -> bool:
     raise SystemExit(f"kvserve: {name} must be true or false, not {text!r}")
 
 
-def _kv_events_config(text: str) -> KVEventsConfig:
-    try:
-        return KVEventsConfig.from_json(text)
-    except (TypeError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+def _add_flag(parser: argparse.ArgumentParser, d: Declared) -> argparse.Action:
+    spelling = d.setting
+    options: dict[str, Any] = {"dest": d.name, "default": d.default, "help": spelling.help}
+    if d.kind is bool:
+        options["action"] = argparse.BooleanOptionalAction
+    else:
+        options["type"] = d.kind if spelling.parse is None else _argument_type(spelling.parse)
+        options["choices"] = spelling.choices
+        options["metavar"] = spelling.metavar
+    return parser.add_argument(d.flag, **options)
+
+
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse``, its ``ValueError`` or ``TypeError`` shown to the user as it is."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return convert
 
 
 def serve_parser(
@@ -42,72 +55,16 @@ def serve_parser(
 ) -> argparse.ArgumentParser:
     """The ``serve`` flags on ``parser``, defaults read from ``environ`` (the operator passes a
     pod's environment to check a spec without starting a server)."""
-    add = parser.add_argument
-    add("--model", default=None, help="checkpoint directory (default: the embedded demo model)")
-    add("--served-model-name", default=None, help="name clients use (default: --model)")
-    add("--host", default="0.0.0.0")
-    add("--port", type=int, default=8000)
-    add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
-    add("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
-    add("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    add("--attention-backend", choices=["auto", "torch", "cpu", "triton"], default="auto")
-    add("--max-model-len", type=int, default=None)
-    add("--max-num-seqs", type=int, default=64)
-    add("--max-num-batched-tokens", type=int, default=2048)
-    add("--block-size", type=int, default=16)
-    add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    add("--kv-cache-memory-gb", type=float, default=None, help="KV-cache budget in GiB")
-    add("--num-kv-blocks", type=int, default=None, help="exact number of KV blocks")
-    add("--gpu-memory-utilization", type=float, default=0.9)
-    add(
-        "--enforce-eager",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="no CUDA graphs",
-    )
-    add("--tensor-parallel-size", type=int, default=1)
-    add("--seed", type=int, default=0)
-    add(
-        "--kv-events-config",
-        type=_kv_events_config,
-        default=None,
-        metavar="JSON",
-        help="publish KV-cache events over ZMQ, vLLM's JSON keys, e.g. "
-        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "topic": "kv@POD@MODEL"}\'',
-    )
-    add("--max-waiting-requests", type=int, default=None, help="queue limit; beyond it, 503")
-    add("--shutdown-timeout", type=float, default=30.0, help="drain limit after SIGTERM (s)")
-    add(
-        "--timeout-keep-alive",
-        type=float,
-        default=5.0,
-        help="seconds a connection may sit idle or take to send its request headers",
-    )
-    add(
-        "--request-body-timeout",
-        type=float,
-        default=30.0,
-        help="seconds a request body may take to arrive; beyond it, 408",
-    )
-    add(
-        "--enable-auto-tool-choice",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="parse tool calls out of the output for tool_choice 'auto' (needs --tool-call-parser)",
-    )
-    add("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None, help="tool-call format")
-    for action in parser._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        env = _env_name(action.dest)
-        action.help = f"{action.help + '; ' if action.help else ''}env {env}"
-        text = environ.get(env)
+    for d in SERVE_SETTINGS:
+        action = _add_flag(parser, d)
+        action.help = f"{action.help + '; ' if action.help else ''}env {d.env}"
+        text = environ.get(d.env)
         if text is None:
             continue
         if isinstance(action, argparse.BooleanOptionalAction):
-            action.default = _env_bool(env, text)
+            action.default = _env_bool(d.env, text)
         elif action.choices is not None and text not in action.choices:
-            raise SystemExit(f"kvserve: {env} must be one of {', '.join(action.choices)}")
+            raise SystemExit(f"kvserve: {d.env} must be one of {', '.join(action.choices)}")
         else:
             action.default = text  # argparse converts a string default with the flag's type
     return parser
@@ -115,24 +72,8 @@ def serve_parser(
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine's settings from parsed ``serve`` flags; ``ValueError`` names a bad one."""
-    return EngineConfig(
-        model=str(args.model or DEFAULT_MODEL),
-        dtype=args.dtype,
-        device=args.device,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        kv_cache_memory_gb=args.kv_cache_memory_gb,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        enable_prefix_caching=args.enable_prefix_caching,
-        attention_backend=args.attention_backend,
-        tensor_parallel_size=args.tensor_parallel_size,
-        seed=args.seed,
-        kv_events_config=args.kv_events_config,
-    )
+    values = {d.name: getattr(args, d.name) for d in declared(EngineConfig)}
+    return EngineConfig(**{**values, "model": str(args.model or DEFAULT_MODEL)})
 
 
 def build_parser() -> argparse.ArgumentParser:

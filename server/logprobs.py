@@ -4,11 +4,12 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from kvserve.engine.detokenizer import decode_text
 from kvserve.engine.outputs import Logprob
 
 
 def _text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
-    return tokenizer.decode([token_id])
+    return decode_text(tokenizer, [token_id])
 
 
 def completion_logprobs(

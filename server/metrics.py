@@ -126,8 +126,8 @@ class ServerMetrics:
             "Engine steps in which requests failed on an exception (reason error).",
         )
         self._last_counts = (0, 0, 0, 0)
-        # Per unfinished request: output tokens counted so far and when the latest came out.
-        self._seen: dict[str, tuple[int, float | None]] = {}
+        # Per unfinished request that has tokens: when its latest token came out.
+        self._last_token_time: dict[str, float | None] = {}
         self._engine_idle = True  # as of the last step: nothing running, nothing waiting
         self.snapshot = ExpositionSnapshot(registry)
 
@@ -151,20 +151,22 @@ class ServerMetrics:
         self.snapshot.changed()
 
     def _on_output(self, output: RequestOutput) -> None:
-        """vLLM's per-output accounting: the prompt's tokens by source with the first token,
-        then one inter-token latency per later output that brings tokens."""
-        seen, last_token_time = self._seen.get(output.request_id, (0, None))
-        total = len(output.outputs[0].token_ids)
-        if total > seen and seen == 0:
+        """vLLM's per-output accounting of a delta: the prompt's tokens by source with the
+        first token, then one inter-token latency per later output that brings tokens."""
+        completion = output.outputs[0]
+        new = len(completion.token_ids)
+        last_token_time = self._last_token_time.get(output.request_id)
+        if new and completion.num_output_tokens == new:
             self._count_prompt(output)
-        elif total > seen and last_token_time is not None and output.last_token_time is not None:
+        elif new and last_token_time is not None and output.last_token_time is not None:
             latency = output.last_token_time - last_token_time
             self.itl.observe(latency)
             self.tpot.observe(latency)
-        self.generation_tokens.inc(total - seen)
-        self._seen[output.request_id] = (total, output.last_token_time)
+        self.generation_tokens.inc(new)
+        if new:
+            self._last_token_time[output.request_id] = output.last_token_time
         if output.finished:
-            self._seen.pop(output.request_id)
+            self._last_token_time.pop(output.request_id, None)
             self._record_finished(output)
 
     def _count_prompt(self, output: RequestOutput) -> None:
@@ -194,11 +196,11 @@ class ServerMetrics:
             gauge.set(0)
         self._count(stats)
         self.success["error"].inc(num_failed)
-        self._seen.clear()
+        self._last_token_time.clear()
         self.snapshot.rebuild()
 
     def on_abort(self, request_id: str) -> None:
-        self._seen.pop(request_id, None)
+        self._last_token_time.pop(request_id, None)
         self.success["abort"].inc()
         self.snapshot.changed()
 
@@ -223,7 +225,7 @@ class ServerMetrics:
         first, last = output.first_token_time, output.last_token_time
         if first is not None:
             self.ttft.observe(first - output.arrival_time)
-            num_tokens = len(completion.token_ids)
+            num_tokens = completion.num_output_tokens
             if num_tokens > 1 and last is not None:
                 self.request_tpot.observe((last - first) / (num_tokens - 1))
 

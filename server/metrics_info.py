@@ -24,7 +24,7 @@ def cache_config_labels(engine: LLMEngine) -> dict[str, str]:
     """
     config = engine.config
     memory = config.kv_cache_memory_gb
-    num_blocks = engine.runner.num_blocks
+    num_blocks = engine.kv.pool.num_blocks
     return {
         "block_size": str(config.block_size),
         "cache_dtype": "auto",

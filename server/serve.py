@@ -15,7 +15,7 @@ from kvserve.server.cli import engine_config
 from kvserve.server.drain import DrainState
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.metrics_info import cache_config_labels
-from kvserve.server.serving import ServerState
+from kvserve.server.state import ServerState
 
 log = logging.getLogger("kvserve.server")
 DEFAULT_MODEL_NAME = "kvserve-demo"
@@ -51,18 +51,12 @@ def serve(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         log.error("cannot load the model: %s", exc)
         return 2
-    runner = engine.runner
-    blocks_per_request = engine.kv.blocks_needed(engine.max_model_len)
+    plan = engine.plan
+    assert plan.num_kv_blocks is not None
     log.info(
-        "model %s: dtype %s on %s; %d KV blocks of %d tokens hold %d requests at the full "
-        "context of %d tokens",
-        config.model,
-        str(runner.dtype).removeprefix("torch."),
-        runner.device,
-        runner.num_blocks,
-        config.block_size,
-        runner.num_blocks // blocks_per_request,
-        engine.max_model_len,
+        "the KV cache holds %d requests at the full context of %d tokens",
+        plan.num_kv_blocks // plan.max_blocks_per_seq,
+        plan.max_model_len,
     )
     name = args.served_model_name or (args.model if args.model else DEFAULT_MODEL_NAME)
     return asyncio.run(_serve(args, engine, name))
@@ -77,7 +71,7 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
     state = ServerState(
         llm=llm,
         model_name=name,
-        model_path=engine.config.model,
+        model_path=llm.model_path,
         metrics=metrics,
         drain=drain,
         api_key=args.api_key,

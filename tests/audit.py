@@ -17,7 +17,8 @@ def audit_blocks(engine: LLMEngine) -> None:
         assert request.block_ids == []
     for block in pool.blocks:
         assert block.ref_count == holders[block.block_id], block
-        assert (block.block_id in pool._free) == (block.ref_count == 0), block
+    unreferenced = [b.block_id for b in pool.blocks if b.ref_count == 0]
+    assert sorted(pool.free_block_ids) == unreferenced
 
 
 def assert_all_released(engine: LLMEngine) -> None:

@@ -96,12 +96,17 @@ class ServerProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """The value of one sample on ``/metrics`` (labels beyond ``model_name`` as given)."""
-        wanted = {"model_name": "tiny", **labels}
-        for line in self.get("/metrics").splitlines():
-            if line.startswith(name + "{"):
-                head, value = line.rsplit(" ", 1)
-                pairs = head[len(name) + 1 : -1].split(",")
-                found = dict(p.split("=", 1) for p in pairs)
-                if {k: v.strip('"') for k, v in found.items()} == wanted:
-                    return float(value)
-        raise KeyError(name)
+        return sample(self.get("/metrics"), name, **labels)
+
+
+def sample(exposition: str, name: str, **labels: str) -> float:
+    """The value of one sample in a ``/metrics`` text (labels beyond ``model_name`` as given)."""
+    wanted = {"model_name": "tiny", **labels}
+    for line in exposition.splitlines():
+        if line.startswith(name + "{"):
+            head, value = line.rsplit(" ", 1)
+            pairs = head[len(name) + 1 : -1].split(",")
+            found = dict(p.split("=", 1) for p in pairs)
+            if {k: v.strip('"') for k, v in found.items()} == wanted:
+                return float(value)
+    raise KeyError(name)

@@ -4,6 +4,7 @@ import asyncio
 import time
 
 import pytest
+from joined_outputs import JoinedOutputs
 
 from kvserve.engine.async_llm import AsyncLLM
 from kvserve.engine.config import EngineConfig
@@ -34,12 +35,14 @@ def test_generate_streams_one_output_per_token_and_matches_step_by_step(engine):
     async def body(llm: AsyncLLM):
         return [out async for out in llm.generate("def f(x):", GREEDY, "a")]
 
-    outputs = _run(engine, body)
+    seen = JoinedOutputs()
+    outputs = [seen.add([o])[0] for o in _run(engine, body)]
     assert [len(o.outputs[0].token_ids) for o in outputs] == list(range(1, 13))
     assert [o.finished for o in outputs] == [False] * 11 + [True]
     engine.add_request("b", "def f(x):", GREEDY)
+    stepped = JoinedOutputs()
     while engine.has_unfinished_requests():
-        final = engine.step()[0]
+        final = stepped.add(engine.step())[0]
     assert outputs[-1].outputs[0].token_ids == final.outputs[0].token_ids
     assert outputs[-1].outputs[0].text == final.outputs[0].text
 
@@ -49,7 +52,7 @@ def test_leaving_a_stream_aborts_the_request_and_frees_its_blocks(engine):
         long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
         stream = await llm.add_request("c", "import os", long)
         async for out in stream:
-            if len(out.outputs[0].token_ids) == 3:
+            if out.outputs[0].num_output_tokens == 3:
                 break
         await stream.aclose()
         for _ in range(100):

@@ -73,7 +73,7 @@ def decoding_engine(checkpoint):
 
 def test_only_a_cuda_engine_captures_graphs(decoding_engine):
     runner = decoding_engine.runner
-    if runner.device.type == "cuda":
+    if runner.plan.device.type == "cuda":
         assert isinstance(runner.forward, DecodeGraphs)
         assert sorted(runner.forward.graphs) == capture_sizes(64)
     else:
@@ -88,7 +88,7 @@ def test_padded_static_batch_computes_the_same_rows(decoding_engine):
     assert [n for _, n in out.scheduled] == [1, 1, 1]
     inputs = runner.prepare(out)
     meta = inputs.meta
-    static = StaticDecodeBatch(max_size=8, max_blocks_per_seq=5, device=runner.device)
+    static = StaticDecodeBatch(max_size=8, max_blocks_per_seq=5, device=runner.plan.device)
     static.slot_mapping.fill_(3)
     static.seq_lens.fill_(9)
     static.block_tables.fill_(2)

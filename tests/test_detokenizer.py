@@ -36,14 +36,16 @@ def tokenizer() -> PreTrainedTokenizerFast:
 
 
 def _stream(detok: Detokenizer, ids: list[int]) -> list[str]:
-    """Feed ``ids`` one at a time; return the visible text after each."""
-    seen = []
+    """Feed ``ids`` one at a time; return the visible text (the pieces taken so far, joined)
+    after each."""
+    seen, text = [], ""
     for token_id in ids:
         if detok.update([token_id]) is not None:
             break
-        seen.append(detok.output_text(finished=False))
+        text += detok.take(finished=False)
+        seen.append(text)
     detok.flush()
-    seen.append(detok.output_text(finished=True))
+    seen.append(text + detok.take(finished=True))
     return seen
 
 
@@ -73,9 +75,9 @@ def test_stop_string_spanning_tokens_is_cut_from_the_text(tokenizer):
 
 def test_first_of_several_stop_strings_wins(tokenizer):
     detok = Detokenizer(tokenizer, stop=["there", "here"])
-    _stream(detok, tokenizer.encode("go there now"))
+    seen = _stream(detok, tokenizer.encode("go there now"))
     assert detok.stop_reason == "there"
-    assert detok.output_text(finished=True) == "go "
+    assert seen[-1] == "go "
 
 
 def test_stop_string_after_a_multibyte_character(tokenizer):
@@ -90,8 +92,9 @@ def test_hold_back_keeps_a_possible_stop_prefix_until_finished(tokenizer):
     ids = tokenizer.encode("the lazy fox")
     for token_id in ids:
         assert detok.update([token_id]) is None
-    assert detok.output_text(finished=False) == "the lazy fox"[: len("the lazy fox") - 7]
-    assert detok.output_text(finished=True) == "the lazy fox"
+    held = detok.take(finished=False)
+    assert held == "the lazy fox"[: len("the lazy fox") - 7]
+    assert held + detok.take(finished=True) == "the lazy fox"
 
 
 def test_special_tokens_are_skipped_and_prompt_gives_left_context(tokenizer):
@@ -100,7 +103,7 @@ def test_special_tokens_are_skipped_and_prompt_gives_left_context(tokenizer):
     ids = [*tokenizer.encode(" world"), eos]
     detok = Detokenizer(tokenizer, prompt_token_ids=prompt)
     detok.update(ids)
-    assert detok.output_text(finished=True) == " world"
+    assert detok.take(finished=True) == " world"
     raw = Detokenizer(tokenizer, skip_special_tokens=False)
     raw.update(ids)
-    assert raw.output_text(finished=True) == " world<|endoftext|>"
+    assert raw.take(finished=True) == " world<|endoftext|>"

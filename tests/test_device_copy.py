@@ -23,4 +23,4 @@ def test_to_device_keeps_values_and_types(device):
         assert tensor.dtype == dtype
         assert tensor.tolist() == values
     scalar = to_device(-torch.inf, device)
-    assert scalar.shape == () and scalar.item() == -torch.inf
+    assert (scalar.shape, scalar.item()) == ((), -torch.inf)

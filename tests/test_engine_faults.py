@@ -2,6 +2,7 @@
 exception inside a step fails only the requests it belongs to, with every block freed."""
 
 import pytest
+from joined_outputs import JoinedOutputs
 
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import EngineDeadError, LLMEngine
@@ -32,11 +33,11 @@ def run(engine: LLMEngine, requests: dict[str, tuple[str, SamplingParams]]) -> d
     """Add the requests, step until none is left; each one's final output."""
     for request_id, (prompt, params) in requests.items():
         engine.add_request(request_id, prompt, params)
-    final = {}
+    final, seen = {}, JoinedOutputs()
     for _ in range(100):
         if not engine.has_unfinished_requests():
             break
-        for output in engine.step():
+        for output in seen.add(engine.step()):
             if output.finished:
                 final[output.request_id] = output.outputs[0]
     return final
@@ -125,7 +126,7 @@ def test_a_stop_check_or_text_failure_fails_only_that_request(engine, monkeypatc
     engine.add_request("b", "pass", GREEDY)
     engine.add_request("c", "x = 1", GREEDY)
     fail_on(monkeypatch, engine.requests["b"].detokenizer, "update", lambda *_: True)
-    fail_on(monkeypatch, engine.requests["c"].detokenizer, "output_text", lambda *_: True)
+    fail_on(monkeypatch, engine.requests["c"].detokenizer, "take", lambda *_: True)
     final = run(engine, {})
     assert (final["b"].finish_reason, final["c"].finish_reason) == ("error", "error")
     assert final["a"].token_ids == alone["a"].token_ids
@@ -143,7 +144,7 @@ def test_a_failed_forward_fails_its_step_and_the_engine_goes_on(engine, monkeypa
         ("a", True, "error"),
         ("b", True, "error"),
     ]
-    assert [len(o.outputs[0].token_ids) for o in outputs] == [1, 1]
+    assert [o.outputs[0].num_output_tokens for o in outputs] == [1, 1]
     assert engine.stats.num_failed_steps == before + 1
     assert engine.kv.pool.num_free_blocks == NUM_BLOCKS
     final = run(engine, {"c": ("def f(x):", GREEDY)})

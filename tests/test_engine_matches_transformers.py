@@ -4,6 +4,7 @@ chunking, preemption or prefix caching; and every block comes back."""
 import random
 
 import pytest
+from joined_outputs import JoinedOutputs
 
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
@@ -43,8 +44,9 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> 
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)
     results: dict[str, list[int]] = {}
+    seen = JoinedOutputs()
     while engine.has_unfinished_requests():
-        for out in engine.step():
+        for out in seen.add(engine.step()):
             if out.finished:
                 assert out.outputs[0].finish_reason == "length"
                 results[out.request_id] = out.outputs[0].token_ids

@@ -15,9 +15,9 @@ def test_tables_grow_by_blocks_and_refuse_all_or_nothing():
     assert a.block_ids == [0, 1]
     b = make_request(13)
     assert not kv.allocate_slots(b, 13)  # needs 4, 3 free: nothing taken
-    assert b.block_ids == [] and kv.pool.num_free_blocks == 3
+    assert (b.block_ids, kv.pool.num_free_blocks) == ([], 3)
     kv.free(a)
-    assert a.block_ids == [] and kv.pool.num_free_blocks == 5
+    assert (a.block_ids, kv.pool.num_free_blocks) == ([], 5)
 
 
 def test_prefix_hits_reuse_the_same_physical_blocks():

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import zmq
+from joined_outputs import JoinedOutputs
 
 from kvserve.conformance.kv_events import (
     END_OF_REPLAY,
@@ -94,11 +95,11 @@ def subscriber():
 def run(engine: LLMEngine, prompts: dict[str, list[int]], params: SamplingParams) -> dict:
     for request_id, prompt in prompts.items():
         engine.add_request(request_id, prompt, params)
-    final = {}
+    final, seen = {}, JoinedOutputs()
     for _ in range(2000):
         if not engine.has_unfinished_requests():
             break
-        for output in engine.step():
+        for output in seen.add(engine.step()):
             if output.finished:
                 final[output.request_id] = output.outputs[0].token_ids
     assert not engine.has_unfinished_requests()
@@ -113,7 +114,7 @@ def engine_cache(engine: LLMEngine) -> set[bytes]:
 
 
 def medium(engine: LLMEngine) -> str:
-    return "GPU" if engine.runner.device.type == "cuda" else "CPU"
+    return "GPU" if engine.plan.device.type == "cuda" else "CPU"
 
 
 def key(wire: bytes | None) -> int | None:

@@ -21,8 +21,8 @@ def test_old_and_new_config_spellings_read_the_same(checkpoint):
     old_raw["rope_scaling"] = {"type": rope.pop("rope_type"), **rope}
     old_raw["torch_dtype"] = raw["dtype"]
     assert ModelConfig.from_dict(old_raw) == new
-    assert new.rope.rope_type == "llama3" and new.rope.theta == 500000.0
-    assert new.torch_dtype == "float32" and new.tie_word_embeddings is True
+    assert (new.rope.rope_type, new.rope.theta) == ("llama3", 500000.0)
+    assert (new.torch_dtype, new.tie_word_embeddings) == ("float32", True)
 
 
 def test_unsupported_architecture_names_the_supported_ones():
@@ -78,7 +78,7 @@ def test_string_prompts_and_text_output(checkpoint):
     tokenizer = llm.get_tokenizer()
     outs = llm.generate(["def wrap(text):", "import"], SamplingParams(temperature=0, max_tokens=5))
     for prompt, out in zip(["def wrap(text):", "import"], outs, strict=True):
-        assert out.prompt == prompt and out.prompt_token_ids == tokenizer.encode(prompt)
+        assert (out.prompt, out.prompt_token_ids) == (prompt, tokenizer.encode(prompt))
         completion = out.outputs[0]
         assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)
         assert completion.finish_reason in ("stop", "length")
@@ -97,14 +97,14 @@ def test_invalid_settings_name_the_setting(checkpoint):
 
 def test_cpu_kv_cache_defaults_to_max_num_seqs_full_contexts(checkpoint):
     llm = LLM(str(checkpoint("llama")), max_num_seqs=3, block_size=16, max_model_len=100)
-    assert llm.engine.runner.num_blocks == 3 * 7  # ceil(100 / 16) blocks per full context
+    assert llm.engine.plan.num_kv_blocks == 3 * 7  # ceil(100 / 16) blocks per full context
     budget = LLM(str(checkpoint("llama")), kv_cache_memory_gb=1 / 1024, block_size=16)
     # 2 layers x 2 (k, v) x 2 kv heads x 16 dims x 4 bytes = 512 bytes per token
-    assert budget.engine.runner.num_blocks == 2**20 // (512 * 16)
+    assert budget.engine.plan.num_kv_blocks == 2**20 // (512 * 16)
 
 
 def test_bf16_linears_are_prepacked_and_give_the_same_tokens(checkpoint, monkeypatch):
-    from kvserve.engine.models import loader
+    from kvserve.engine import execution_plan
     from kvserve.engine.models.packed_linear import PackedLinear, can_pack
 
     if not can_pack(torch.bfloat16, torch.device("cpu")):
@@ -115,7 +115,7 @@ def test_bf16_linears_are_prepacked_and_give_the_same_tokens(checkpoint, monkeyp
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     packed = LLM(path, dtype="bfloat16", num_kv_blocks=16)
     assert isinstance(packed.engine.runner.model.layers[0].self_attn.qkv_proj, PackedLinear)
-    monkeypatch.setattr(loader, "can_pack", lambda dtype, device: False)
+    monkeypatch.setattr(execution_plan, "can_pack", lambda dtype, device: False)
     plain = LLM(path, dtype="bfloat16", num_kv_blocks=16)
     assert isinstance(plain.engine.runner.model.lm_head, torch.nn.Linear)
     assert [o.outputs[0].token_ids for o in packed.generate(prompts, params)] == [

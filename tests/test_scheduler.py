@@ -22,7 +22,7 @@ def test_budget_is_spent_on_running_requests_first_then_waiting_ones_in_chunks()
     out = s.schedule()
     assert plan(out) == [(a.request_id, 1), (b.request_id, 1), (c.request_id, 26)]
     finish_step(s, out)
-    assert c.output_token_ids == [99] and c.num_computed_tokens == 30
+    assert (c.output_token_ids, c.num_computed_tokens) == ([99], 30)
 
 
 def test_max_num_seqs_caps_the_running_set():
@@ -46,15 +46,15 @@ def test_out_of_blocks_preempts_the_latest_request_and_recomputes_it_later():
     assert out.preempted == [c]
     assert plan(out) == [(a.request_id, 1), (b.request_id, 1)]
     assert (a.block_ids, b.block_ids) == ([0, 1, 5], [2, 3, 4])  # c's tail went first
-    assert c.status is RequestStatus.WAITING and c.block_ids == [] and s.waiting[0] is c
-    assert c.num_computed_tokens == 0 and c.output_token_ids == [99]
+    assert (c.status, c.block_ids, s.waiting[0]) == (RequestStatus.WAITING, [], c)
+    assert (c.num_computed_tokens, c.output_token_ids) == (0, [99])
     assert s.stats.num_preemptions == 1
     finish_step(s, out)
     # c comes back as a 9-token prompt once blocks free up
     while c.status is not RequestStatus.RUNNING:
         finish_step(s, s.schedule())
-    assert a.is_finished and b.is_finished
-    assert c.num_computed_tokens == 9 and c.output_token_ids == [99, 99]
+    assert (a.is_finished, b.is_finished) == (True, True)
+    assert (c.num_computed_tokens, c.output_token_ids) == (9, [99, 99])
 
 
 def test_a_request_that_cannot_grow_preempts_itself_when_it_is_the_latest():
@@ -65,7 +65,7 @@ def test_a_request_that_cannot_grow_preempts_itself_when_it_is_the_latest():
     finish_step(s, s.schedule())
     assert (a.block_ids, b.block_ids) == ([0], [1, 2])
     out = s.schedule()  # a fits its 5th token? no free block: b (latest) goes
-    assert out.preempted == [b] and plan(out) == [(a.request_id, 1)]
+    assert (out.preempted, plan(out)) == ([b], [(a.request_id, 1)])
 
 
 def test_stop_token_eos_and_length_finish_and_free():
@@ -82,7 +82,7 @@ def test_stop_token_eos_and_length_finish_and_free():
     assert not eos_ignored.is_finished
     finish_step(s, s.schedule())
     assert eos_ignored.finish_reason == "length"
-    assert s.kv.pool.num_free_blocks == 64 and not s.has_unfinished()
+    assert (s.kv.pool.num_free_blocks, s.has_unfinished()) == (64, False)
 
 
 def test_context_limit_ends_a_request_with_length():
@@ -91,7 +91,7 @@ def test_context_limit_ends_a_request_with_length():
     s.add(r)
     finish_step(s, s.schedule())
     finish_step(s, s.schedule())
-    assert r.finish_reason == "length" and r.num_tokens == 6
+    assert (r.finish_reason, r.num_tokens) == ("length", 6)
 
 
 def test_abort_frees_blocks_wherever_the_request_is():
@@ -103,4 +103,4 @@ def test_abort_frees_blocks_wherever_the_request_is():
     s.abort(running)
     s.abort(waiting)
     assert running.finish_reason == waiting.finish_reason == "abort"
-    assert not s.has_unfinished() and s.kv.pool.num_free_blocks == 64
+    assert (s.has_unfinished(), s.kv.pool.num_free_blocks) == (False, 64)

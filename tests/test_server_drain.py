@@ -1,4 +1,5 @@
-"""SIGTERM: readiness drops at once, new requests get 503, active streams finish, exit 0."""
+"""SIGTERM: readiness drops at once, new requests get 503, active streams finish, exit 0;
+the shutdown timeout's cut ends even a stream that would never end."""
 
 import asyncio
 import concurrent.futures
@@ -9,6 +10,8 @@ import time
 import urllib.request
 
 import openai
+
+from kvserve.server.drain import DrainState
 
 from server_process import API_KEY, ServerProcess
 
@@ -108,7 +111,7 @@ def test_the_shutdown_timeout_cuts_streams_cleanly_and_exits_in_time(checkpoint,
             status, headers, answer = pending.result(30)
         assert process.wait(30) == 0
         elapsed = time.monotonic() - begin
-        assert stalled.recv(1) == b"" and half.recv(1) == b""  # closed, no answer
+        assert (stalled.recv(1), half.recv(1)) == (b"", b"")  # closed, no answer
     # One sequence at a time: 8 × 400 tokens queued before the streams take seconds. A fast
     # CPU may still finish a stream or two in the second before the deadline; the rest are cut.
     cut = {"index": 0, "text": "", "logprobs": None, "finish_reason": "abort", "stop_reason": None}
@@ -170,3 +173,25 @@ def test_slow_headers_and_a_stalled_body_time_out(checkpoint, tmp_path):
             }
         }
         assert server.metric("vllm:num_requests_running") == 0
+
+
+def test_until_cut_ends_an_endless_stream_and_closes_it():
+    closed = []
+
+    async def endless():
+        try:
+            yield 1
+            await asyncio.Event().wait()
+        finally:
+            closed.append(True)
+
+    async def run() -> list[int]:
+        drain = DrainState()
+        got = []
+        async for item in drain.until_cut(endless()):
+            got.append(item)
+            asyncio.get_running_loop().call_later(0.05, drain.cut)
+        return got
+
+    assert asyncio.run(run()) == [1]
+    assert closed == [True]

@@ -18,7 +18,7 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.server.app import build_app
 from kvserve.server.drain import DrainState
 from kvserve.server.metrics import ServerMetrics
-from kvserve.server.serving import ServerState
+from kvserve.server.state import ServerState
 
 from faults import fail_on
 
@@ -84,7 +84,7 @@ class Events:
 
     async def next(self) -> dict | str:
         event = (await self.response.content.readuntil(b"\n\n")).decode()
-        assert event.startswith("data: ") and event.endswith("\n\n")
+        assert (event[:6], event[-2:]) == ("data: ", "\n\n"), event
         data = event[len("data: ") : -2]
         return data if data == "[DONE]" else json.loads(data)
 

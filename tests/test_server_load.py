@@ -8,7 +8,7 @@ import pytest
 
 from kvserve import LLM, SamplingParams
 
-from server_process import API_KEY, ServerProcess
+from server_process import API_KEY, ServerProcess, sample
 
 PROMPTS = ["def f(x):", "import os\n", "class A:\n    ", "# a comment about"]
 MAX_TOKENS = 24
@@ -45,10 +45,12 @@ async def _stream(client, prompt: str, cancel_after: int | None) -> str | None:
 
 
 async def _watch(server: ServerProcess, seen: dict[str, list[float]], done: asyncio.Event):
+    """Samples every watched metric from one scrape at a time, until ``done``."""
     while not done.is_set():
+        exposition = await asyncio.to_thread(server.get, "/metrics")
         for name in seen:
-            seen[name].append(await asyncio.to_thread(server.metric, name))
-        await asyncio.sleep(0.05)
+            seen[name].append(sample(exposition, name))
+        await asyncio.sleep(0.02)
 
 
 def test_64_streams_with_a_third_cancelled(model_dir, tmp_path):

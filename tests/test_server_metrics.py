@@ -104,7 +104,7 @@ def test_values_follow_steps_and_finished_requests():
     stats = SchedulerStats(3, 2, 0.25, prefix_cache_queries=40, prefix_cache_hits=16)
 
     def output(tokens: int, last_token_time: float, finished=False, reason=None):
-        completion = CompletionOutput(0, list(range(tokens)), "", reason)
+        completion = CompletionOutput(0, [tokens - 1], "", reason, num_output_tokens=tokens)
         return RequestOutput(
             "r", None, [1] * 10, [completion], finished, num_cached_tokens=4,
             arrival_time=1.0, first_scheduled_time=1.5, first_token_time=2.0,

@@ -151,5 +151,5 @@ def test_a_kv_budget_in_gib_is_reported_in_bytes_with_the_blocks_it_holds(checkp
     engine = engine_of(checkpoint, kv_cache_memory_gb=0.001)
     labels = cache_config_labels(engine)
     assert labels["kv_cache_memory_bytes"] == str(int(0.001 * 2**30))
-    assert labels["num_gpu_blocks"] == str(int(0.001 * 2**30) // engine.runner.block_bytes)
+    assert labels["num_gpu_blocks"] == str(int(0.001 * 2**30) // engine.plan.kv_block_bytes)
     assert labels["num_gpu_blocks_override"] == "None"

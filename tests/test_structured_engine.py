@@ -9,6 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import jsonschema
 import pytest
 import xgrammar
+from joined_outputs import JoinedOutputs
 
 from kvserve import LLM, SamplingParams
 from kvserve.engine.structured.compiler import GrammarCompiler
@@ -119,10 +120,11 @@ def test_constrained_and_plain_requests_share_a_step(llm):
     engine.grammars.compile(JSON)
     engine.add_request("c", "def f(x):", SamplingParams(max_tokens=200, constraint=JSON))
     engine.add_request("p", "def f(x):", plain)
-    outputs = {o.request_id: o for o in engine.step()}
+    seen = JoinedOutputs()
+    outputs = {o.request_id: o for o in seen.add(engine.step())}
     assert set(outputs) == {"c", "p"}  # both sampled their first token in one step
     while engine.has_unfinished_requests():
-        outputs |= {o.request_id: o for o in engine.step()}
+        outputs |= {o.request_id: o for o in seen.add(engine.step())}
     assert outputs["p"].outputs[0].token_ids == alone.token_ids
     jsonschema.validate(json.loads(outputs["c"].outputs[0].text), SCHEMA)
 
@@ -154,16 +156,16 @@ def test_a_compiling_grammar_does_not_stall_the_others(llm):
         slow = OutputConstraint("regex", "[0-9]{4}")
         engine.add_request("slow", "a", SamplingParams(max_tokens=8, constraint=slow))
         engine.add_request("other", "b", SamplingParams(max_tokens=5, ignore_eos=True))
-        finished = {}
+        finished, seen = {}, JoinedOutputs()
         for _ in range(5):
-            finished |= {o.request_id: o for o in engine.step() if o.finished}
+            finished |= {o.request_id: o for o in seen.add(engine.step()) if o.finished}
         assert finished["other"].outputs[0].finish_reason == "length"
         waiting = engine.requests["slow"]
         assert waiting.is_compiling and waiting.num_computed_tokens == 0
         assert waiting in engine.scheduler.waiting and not waiting.output_token_ids
         gate.set()
         while engine.has_unfinished_requests():
-            finished |= {o.request_id: o for o in engine.step() if o.finished}
+            finished |= {o.request_id: o for o in seen.add(engine.step()) if o.finished}
         assert re.fullmatch("[0-9]{4}", finished["slow"].outputs[0].text)
     finally:
         gate.set()
@@ -176,9 +178,9 @@ def test_a_grammar_that_fails_to_compile_fails_only_its_request(llm):
     bad = OutputConstraint("json", json.dumps({"type": "frobnicate"}))
     engine.add_request("bad", "a", SamplingParams(max_tokens=4, constraint=bad))
     engine.add_request("good", "b", SamplingParams(max_tokens=3, ignore_eos=True))
-    finished = {}
+    finished, seen = {}, JoinedOutputs()
     while engine.has_unfinished_requests():
-        finished |= {o.request_id: o for o in engine.step() if o.finished}
+        finished |= {o.request_id: o for o in seen.add(engine.step()) if o.finished}
     assert finished["bad"].outputs[0].finish_reason == "error"
     assert finished["bad"].outputs[0].token_ids == []
     assert len(finished["good"].outputs[0].token_ids) == 3

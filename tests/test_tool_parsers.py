@@ -1,6 +1,7 @@
 """Tool-call parsers on exact model-format strings, whole and streamed: the deltas of any
 chunking add up to the whole output's parse."""
 
+import itertools
 import json
 import random
 
@@ -126,8 +127,8 @@ def reassemble(parser: ToolParser, text: str, cuts: list[int], parallel: bool = 
     """Feed ``text`` cut at ``cuts``; the content and calls the deltas add up to."""
     stream = ToolCallStream(parser, parallel)
     content, calls = "", {}
-    for end in [*cuts, len(text)]:
-        delta = stream.delta(text[:end], final=end == len(text))
+    for start, end in itertools.pairwise([0, *cuts, len(text)]):
+        delta = stream.delta(text[start:end], final=end == len(text))
         content += delta.get("content", "")
         for piece in delta.get("tool_calls", []):
             function = piece["function"]

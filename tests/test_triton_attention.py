@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from joined_outputs import JoinedOutputs
 
 from kvserve import SamplingParams
 from kvserve.engine.attention import cpu_backend
@@ -23,6 +24,7 @@ from kvserve.engine.attention.triton_backend import (
     TritonAttention,
     attention_launch,
 )
+from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
 
@@ -69,7 +71,7 @@ def make_batch(
     sequence ``j`` (both must hold them in their cached prefix, as prefix caching does).
     Table padding points at a block of huge values that no sequence owns."""
     shared = shared or {}
-    blocks_needed = [-(-s // block_size) for s in seq_lens]
+    blocks_needed = [cdiv(s, block_size) for s in seq_lens]
     max_blocks = max(blocks_needed) + 1
     num_blocks = sum(blocks_needed) + 4
     free = torch.randperm(num_blocks - 1).tolist()
@@ -337,13 +339,13 @@ def test_engine_on_triton_matches_transformers(checkpoint, family):
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     engine.add_request("0", prompts[0], params)
     engine.add_request("2", prompts[2], params)
-    results = {}
+    results, seen = {}, JoinedOutputs()
     for step in itertools.count():
         if step == 2:  # the shared prefix is cached by now
             engine.add_request("1", prompts[1], params)
         elif not engine.has_unfinished_requests():
             break
-        for out in engine.step():
+        for out in seen.add(engine.step()):
             if out.finished:
                 results[out.request_id] = out.outputs[0].token_ids
     for i, prompt in enumerate(prompts):

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from kvserve.engine.attention.metadata import AttentionMetadata
+from kvserve.engine.config import ATTENTION_BACKENDS
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,6 @@ class AttentionBackend(ABC):
         sequence's cached context; returns ``[num_tokens, num_heads, head_dim]``."""
 
 
-BACKENDS = ("auto", "torch", "cpu", "triton")
-
-
 def select_backend(device: torch.device, choice: str = "auto") -> AttentionBackend:
     """Triton on CUDA; on a CPU the C decode kernel when it is built or a C compiler is
     there, else plain torch (the reference). ``choice`` overrides: ``torch``, ``cpu`` or
@@ -57,8 +55,8 @@ def select_backend(device: torch.device, choice: str = "auto") -> AttentionBacke
 
 
 def _backend(device: torch.device, choice: str) -> AttentionBackend:
-    if choice not in BACKENDS:
-        raise ValueError(f"attention backend must be one of {BACKENDS}, got {choice!r}")
+    if choice not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {choice!r}")
     if choice == "auto":
         from kvserve.engine.attention import cpu_backend
 

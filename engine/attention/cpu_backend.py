@@ -101,10 +101,11 @@ class CPUAttention(TorchAttention):
         self.num_threads = num_threads or torch.get_num_threads()
         self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kvserve-attn")
 
-    def _decode(self, query, key_cache, value_cache, meta, seqs, scale):
+    def _decode(self, query, key_cache, value_cache, meta, seqs: list[int], scale: float):
         if query.dtype not in DTYPES or key_cache.device.type != "cpu":
             return super()._decode(query, key_cache, value_cache, meta, seqs, scale)
         lib = _library()
+        assert lib is not None  # chosen only where available()
         index = torch.tensor(seqs)
         tables = meta.block_tables[index].to(torch.int32).contiguous()
         lens_host = [meta.seq_lens_host[i] for i in seqs]
@@ -149,7 +150,8 @@ class CPUAttention(TorchAttention):
 
 def _split(lengths: list[int], parts: int) -> list[tuple[int, int]]:
     """Contiguous ranges of sequences with about equal total context each."""
-    total, bounds, begin, acc = sum(lengths), [], 0, 0
+    total, begin, acc = sum(lengths), 0, 0
+    bounds: list[tuple[int, int]] = []
     for i, length in enumerate(lengths):
         acc += length
         if acc * parts >= total * (len(bounds) + 1) and len(bounds) < parts - 1:

@@ -7,12 +7,13 @@ import torch.nn.functional as F
 
 from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.attention.metadata import AttentionMetadata
+from kvserve.engine.cdiv import cdiv
 
 
 def gather_context(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
     """Rows of ``block_tables`` ``[B, nb]`` → their first ``length`` cached tokens
     ``[B, num_kv_heads, length, head_dim]``."""
-    num_blocks = -(-length // cache.shape[1])
+    num_blocks = cdiv(length, cache.shape[1])
     blocks = cache[block_tables[:, :num_blocks].long()]  # [B, nb, block_size, kvh, d]
     return blocks.flatten(1, 2)[:, :length].transpose(1, 2)
 
@@ -45,12 +46,11 @@ class TorchAttention(AttentionBackend):
             out.index_copy_(0, rows, decoded)
         for i, q_len in enumerate(meta.query_lens_host):
             if q_len > 1:
-                rows = slice(starts[i], starts[i + 1])
-                out[rows] = self._prefill(query[rows], key_cache, value_cache, meta, i, scale)
+                span = slice(starts[i], starts[i + 1])
+                out[span] = self._prefill(query[span], key_cache, value_cache, meta, i, scale)
         return out
 
-    @staticmethod
-    def _decode(query, key_cache, value_cache, meta, seqs: list[int], scale: float):
+    def _decode(self, query, key_cache, value_cache, meta, seqs: list[int], scale: float):
         index = torch.tensor(seqs)
         seq_lens = meta.seq_lens[index].to(torch.long)
         length = max(meta.seq_lens_host[i] for i in seqs)

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
-from kvserve.engine.models.packed_linear import can_pack, pack_linears
+from kvserve.engine.models.packed_linear import pack_linears
 
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -44,9 +44,11 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     progress: Callable[[int, int], None] | None = None,
+    packed: bool = False,
 ) -> DecoderLM:
     """Build the model without initialising it, then copy every checkpoint tensor
-    into its (possibly fused) parameter. Fails if a weight is missing or unknown."""
+    into its (possibly fused) parameter, and prepack its linears if ``packed`` (see
+    ``packed_linear.can_pack``). Fails if a weight is missing or unknown."""
     path = Path(path)
     with torch.device("meta"):
         model = DecoderLM(cfg, backend, max_positions)
@@ -76,7 +78,7 @@ def load_model(
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(missing[:5])}")
     model.rotary.build(dtype, device)
-    if can_pack(dtype, device):
+    if packed:
         pack_linears(model)
     return model.eval()
 

@@ -21,7 +21,8 @@ def apply_grammar_masks(
     if not rows:
         return logits
     bitmask = xgrammar.allocate_token_bitmask(len(grammars), logits.shape[1])
-    for row in rows:
-        grammars[row].fill_bitmask(bitmask, row)
+    for row, grammar in enumerate(grammars):
+        if grammar is not None:
+            grammar.fill_bitmask(bitmask, row)
     xgrammar.apply_token_bitmask_inplace(logits, to_device(bitmask, logits.device), indices=rows)
     return logits

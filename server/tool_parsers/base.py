@@ -152,11 +152,13 @@ class ToolCallStream:
     """A growing output as OpenAI chat deltas: ``content`` for the text outside calls, and
     ``tool_calls`` pieces (``index``, with ``id``, ``type`` and the name in a call's first
     piece, then ``arguments`` fragments). With ``parallel`` false only the first call is
-    sent, as a non-streamed message keeps only its first."""
+    sent, as a non-streamed message keeps only its first. It keeps the output so far: each
+    ``delta`` brings the text that is new (the engine's deltas), and the parse is of it all."""
 
     def __init__(self, parser: ToolParser, parallel: bool) -> None:
         self.parser = parser
         self.parallel = parallel
+        self.text = ""
         self.content_sent = 0
         self.arguments_sent: list[int] = []  # per call sent: characters of its arguments
 
@@ -164,9 +166,11 @@ class ToolCallStream:
     def called(self) -> bool:
         return bool(self.arguments_sent)
 
-    def delta(self, text: str, final: bool) -> dict:
-        """What ``text`` (the output so far; all of it if ``final``) adds to what was sent."""
-        parsed = self.parser.parse(text, final)
+    def delta(self, new_text: str, final: bool) -> dict:
+        """What the output with ``new_text`` (and nothing after it if ``final``) adds to what
+        was sent."""
+        self.text += new_text
+        parsed = self.parser.parse(self.text, final)
         delta: dict = {}
         if len(parsed.content) > self.content_sent:
             delta["content"] = parsed.content[self.content_sent :]

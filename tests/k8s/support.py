@@ -61,6 +61,23 @@ def owner(sample: str, namespace: str = "ml", uid: str = "uid-1", generation: in
     return body
 
 
+# What every child of the ``qwen`` sample (rendered by ``owner``) carries.
+CHILD_LABELS = {
+    "app.kubernetes.io/name": "kvserve",
+    "kvserve.io/llmdeployment": "qwen",
+    "app.kubernetes.io/component": "server",
+    "app.kubernetes.io/managed-by": "kvserve-operator",
+}
+OWNER_REF = {
+    "apiVersion": "kvserve.io/v1alpha1",
+    "kind": "LLMDeployment",
+    "name": "qwen",
+    "uid": "uid-1",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+
+
 HARNESS = ROOT / "scripts" / "kube-control-plane.sh"
 CACHE = Path(os.environ.get("KVSERVE_K8S_CACHE", Path.home() / ".cache" / "kvserve-k8s"))
 

@@ -6,7 +6,18 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from k8s.support import K8S_SCHEMA_VERSION, SAMPLES, crd_validator, load_crd, load_sample
+from k8s.support import (
+    K8S_SCHEMA_VERSION,
+    SAMPLES,
+    crd_schema,
+    crd_validator,
+    load_crd,
+    load_sample,
+)
+from kvserve.engine.settings import Declared
+from kvserve.server.server_settings import CRD_ENGINE_SETTINGS
+
+JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 
 
 def test_crd_valid_for_current_kubernetes() -> None:
@@ -65,3 +76,30 @@ def test_schema_rejects(path: tuple[str, ...], value: object, error: str) -> Non
     with pytest.raises(jsonschema.ValidationError) as e:
         crd_validator().validate(body)
     assert e.value.message.startswith(error)
+
+
+def _declared_schema(d: Declared) -> dict[str, object]:
+    """The CRD property a declared setting implies (descriptions aside)."""
+    spelling, crd = d.setting, d.setting.crd
+    assert crd is not None
+    schema: dict[str, object] = {"type": JSON_TYPES[d.kind]}
+    if spelling.choices:
+        schema["enum"] = list(spelling.choices)
+    if spelling.minimum is not None:
+        schema["minimum"] = spelling.minimum
+    if crd.defaulted:
+        schema["default"] = d.default
+    return {**schema, **crd.schema}
+
+
+def test_crd_engine_block_is_the_settings_declaration() -> None:
+    """Names, types, enums, bounds and defaults of ``spec.engine``: a setting declared with a
+    ``Crd`` and missing here (or here and not declared) fails this test; ``kvEvents`` is the
+    operator's own."""
+    engine = crd_schema()["properties"]["spec"]["properties"]["engine"]["properties"]
+    in_crd = {
+        name: {key: value for key, value in prop.items() if key != "description"}
+        for name, prop in engine.items()
+        if name != "kvEvents"
+    }
+    assert in_crd == {d.crd_name: _declared_schema(d) for d in CRD_ENGINE_SETTINGS}

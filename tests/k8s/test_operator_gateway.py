@@ -8,27 +8,22 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from k8s.support import K8S_SCHEMA_VERSION, crd_validator, inference_pool_crd, owner
+from k8s.support import (
+    CHILD_LABELS as LABELS,
+)
+from k8s.support import (
+    K8S_SCHEMA_VERSION,
+    OWNER_REF,
+    crd_validator,
+    inference_pool_crd,
+    owner,
+)
 from kvserve.operator.children import desired_children
 from kvserve.operator.discovery import ClusterApis
 from kvserve.operator.inference_pool import pool_condition, stale_pools
 from kvserve.operator.spec import InferencePoolSpec, parse_spec
 from kvserve.operator.status import new_warning
 
-LABELS = {
-    "app.kubernetes.io/name": "kvserve",
-    "kvserve.io/llmdeployment": "qwen",
-    "app.kubernetes.io/component": "server",
-    "app.kubernetes.io/managed-by": "kvserve-operator",
-}
-OWNER_REF = {
-    "apiVersion": "kvserve.io/v1alpha1",
-    "kind": "LLMDeployment",
-    "name": "qwen",
-    "uid": "uid-1",
-    "controller": True,
-    "blockOwnerDeletion": True,
-}
 WITH_POOL = ClusterApis(inference_pool=True)
 PICKER = {"name": "qwen-epp", "port": 9002, "failureMode": "FailOpen"}
 

@@ -6,33 +6,19 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from k8s.support import K8S_SCHEMA_VERSION, SAMPLES, owner
+from k8s.support import CHILD_LABELS as LABELS
+from k8s.support import K8S_SCHEMA_VERSION, OWNER_REF, SAMPLES, owner
 from kvserve.operator.children import desired_children, desired_replicas, obsolete_children
 from kvserve.operator.deployment import FETCH_SCRIPT, serve_args
 from kvserve.operator.discovery import ClusterApis
 from kvserve.operator.spec import parse_spec
 
-LABELS = {
-    "app.kubernetes.io/name": "kvserve",
-    "kvserve.io/llmdeployment": "qwen",
-    "app.kubernetes.io/component": "server",
-    "app.kubernetes.io/managed-by": "kvserve-operator",
-}
 SELECTOR = {"app.kubernetes.io/name": "kvserve", "kvserve.io/llmdeployment": "qwen"}
 METADATA = {
     "name": "qwen",
     "namespace": "ml",
     "labels": LABELS,
-    "ownerReferences": [
-        {
-            "apiVersion": "kvserve.io/v1alpha1",
-            "kind": "LLMDeployment",
-            "name": "qwen",
-            "uid": "uid-1",
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ],
+    "ownerReferences": [OWNER_REF],
 }
 CURRENT = ClusterApis()
 HARDENED = {
@@ -217,7 +203,7 @@ def test_cpu_model_in_image() -> None:
         "--enable-prefix-caching",
         "--shutdown-timeout", "30",
         "--max-num-seqs", "16",
-        "--max-model-len", "2048",
+        "--max-model-len", "1024",
     ]  # fmt: skip
     assert "initContainers" not in pod and "tolerations" not in pod and "nodeSelector" not in pod
     assert pod["terminationGracePeriodSeconds"] == 5 + 30 + 15

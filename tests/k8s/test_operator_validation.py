@@ -1,6 +1,7 @@
 """What the operator refuses before applying anything: names, quantities, server arguments."""
 
 import copy
+import dataclasses
 import os
 import subprocess
 import sys
@@ -9,7 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from k8s.support import ROOT, SAMPLES, KubeTools, owner
+from k8s.support import ROOT, SAMPLES, KubeTools, load_sample, owner
+from kvserve.engine.execution_plan import plan_execution
+from kvserve.engine.models.model_config import ModelConfig
 from kvserve.operator.children import desired_children
 from kvserve.operator.discovery import ClusterApis
 from kvserve.operator.quantity import parse_quantity
@@ -17,7 +20,7 @@ from kvserve.operator.server_args import server_refusal
 from kvserve.operator.spec import InvalidSpec, parse_spec
 from kvserve.operator.status import build_status
 from kvserve.operator.validation import InvalidName, validated
-from kvserve.server.cli import build_parser, engine_config
+from kvserve.server.cli import DEFAULT_MODEL, build_parser, engine_config
 
 TP2 = {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}}
 
@@ -61,6 +64,27 @@ def test_every_sample_renders_args_the_server_accepts(
     assert args.shutdown_timeout == spec.drain.timeout_seconds
     assert config.tensor_parallel_size == 1
     assert server_refusal(container["args"], container["env"]) is None
+
+
+IMAGE_MODELS = {"/opt/kvserve/models/demo": DEFAULT_MODEL}
+"""Checkpoints the serving image holds (e2e/Dockerfile links the demo model there)."""
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [p.name for p in SAMPLES if load_sample(p.name)["spec"]["model"]["source"] in IMAGE_MODELS],
+)
+def test_samples_of_an_image_model_fit_that_model(
+    sample: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the server decides once it has read the checkpoint (``plan_execution``) accepts
+    the sample too: e.g. its ``maxModelLen`` is within the model's context."""
+    body = owner(sample)
+    _, config = _parse_as_the_server_would(_server(body), monkeypatch)
+    local = dataclasses.replace(config, model=str(IMAGE_MODELS[config.model]))
+    plan = plan_execution(local, ModelConfig.from_dir(local.model))
+    spec, _ = parse_spec(body["spec"])
+    assert plan.max_model_len == spec.engine.max_model_len
 
 
 def test_chart_default_renders_args_the_server_accepts(

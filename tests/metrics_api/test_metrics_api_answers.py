@@ -74,7 +74,7 @@ def test_discovery_documents(pki, clock):
                 "resources": RESOURCES,
             },
         )
-    assert unknown[0] == 404 and unknown[1]["reason"] == "NotFound"
+    assert (unknown[0], unknown[1]["reason"]) == (404, "NotFound")
     assert unknown[1]["message"] == "custom.metrics.k8s.io/v1 is not served"
     assert elsewhere == (
         404,
@@ -155,12 +155,12 @@ def test_a_named_pod_is_a_list_of_one_and_a_pod_without_a_value_is_not_found(pki
             return [await api.get(path % name) for name in ("a", "b", "zz")]
 
     (found, body), not_ready, absent = asyncio.run(run())
-    assert found == 200 and _timestamp_is_now(body["items"][0])
+    assert (found, _timestamp_is_now(body["items"][0])) == (200, True)
     assert body["items"] == [
         {"describedObject": _pod("a"), "metric": {"name": WAITING_METRIC}, "value": "2"}
     ]
     for (status, error), name in ((not_ready, "b"), (absent, "zz")):
-        assert status == 404 and error["reason"] == "NotFound"
+        assert (status, error["reason"]) == (404, "NotFound")
         assert error["message"] == (
             f"the server could not find the metric {WAITING_METRIC} for pods {name}"
         )
@@ -185,8 +185,8 @@ def test_only_llmdeployment_pods_are_listed_and_a_bad_selector_is_400(pki, clock
         ("ml", "kvserve.io/llmdeployment,app!!x"),
     ]
     for status, body in (none, elsewhere):
-        assert status == 200 and body["items"] == []
-    assert bad[0] == 400 and bad[1]["reason"] == "BadRequest"
+        assert (status, body["items"]) == (200, [])
+    assert (bad[0], bad[1]["reason"]) == (400, "BadRequest")
     assert bad[1]["message"] == "unable to parse requirement: kvserve.io/llmdeployment,app!!x"
 
 
@@ -200,11 +200,13 @@ def test_unknown_metric_and_metric_selectors_are_refused(pki, clock):
             )
 
     unknown, selected = asyncio.run(run())
-    assert unknown[0] == 404 and unknown[1]["message"] == (
-        "the server could not find the metric vllm:num_requests_waiting for pods"
+    assert (unknown[0], unknown[1]["message"]) == (
+        404,
+        "the server could not find the metric vllm:num_requests_waiting for pods",
     )
-    assert selected[0] == 400 and selected[1]["message"] == (
-        "metric label selectors are not supported"
+    assert (selected[0], selected[1]["message"]) == (
+        400,
+        "metric label selectors are not supported",
     )
 
 
@@ -288,7 +290,7 @@ def test_samples_are_reused_for_max_age_then_never_served_stale(pki, clock):
     seen, hits, both, final_hits = asyncio.run(run())
     assert seen == [["4"], ["4"], ["4"], ["7"], [], [], ["1"]]
     assert hits == [2, 4]
-    assert [b[1]["items"][0]["value"] for b in both] == ["1", "1"] and final_hits == 4
+    assert ([b[1]["items"][0]["value"] for b in both], final_hits) == (["1", "1"], 4)
 
 
 def test_concurrent_reads_share_one_scrape(pki, clock):
@@ -304,7 +306,7 @@ def test_concurrent_reads_share_one_scrape(pki, clock):
             return answers, pod.hits
 
     answers, hits = asyncio.run(run())
-    assert [a[1]["items"][0]["value"] for a in answers] == ["2", "0"] and hits == 1
+    assert ([a[1]["items"][0]["value"] for a in answers], hits) == (["2", "0"], 1)
 
 
 def test_exposition_values_per_pod():

@@ -34,7 +34,7 @@ def test_a_request_without_a_client_certificate_is_refused(pki, clock):
     assert answer == _unauthorized(
         "a client certificate signed by the requestheader CA is required"
     )
-    assert cluster.reviews == [] and cluster.listed == []
+    assert (cluster.reviews, cluster.listed) == ([], [])
 
 
 def test_a_certificate_from_another_ca_fails_the_handshake(pki, clock):
@@ -49,7 +49,7 @@ def test_a_certificate_from_another_ca_fails_the_handshake(pki, clock):
     # TLS 1.3: the client's handshake ends before the server checks the certificate, so the
     # client sees the connection dropped (with the server's "unknown ca" alert) on its request.
     assert isinstance(error, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
-    assert cluster.reviews == [] and cluster.listed == []
+    assert (cluster.reviews, cluster.listed) == ([], [])
 
 
 def test_the_requestheader_ca_signed_a_certificate_with_a_name_not_allowed(pki, clock):
@@ -91,7 +91,7 @@ def test_the_front_proxys_user_is_authorised_with_a_subject_access_review(pki, c
     assert answers[3][1]["message"] == (
         "user 'jane' may not GET /apis/custom.metrics.k8s.io: no RBAC policy matched"
     )
-    assert answers[3][1]["reason"] == "Forbidden" and answers[3][1]["code"] == 403
+    assert (answers[3][1]["reason"], answers[3][1]["code"]) == ("Forbidden", 403)
     aggregator = {
         "user": "system:kube-aggregator",
         "groups": ["system:masters", "system:authenticated"],

@@ -1,0 +1,115 @@
+"""How the engine runs its model, decided once from the settings, the checkpoint and the
+device, logged in one line and handed around as one object."""
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from kvserve.engine.attention.backend import AttentionBackend, select_backend
+from kvserve.engine.cdiv import cdiv
+from kvserve.engine.config import DTYPES, EngineConfig
+from kvserve.engine.cuda_graphs import use_cuda_graphs
+from kvserve.engine.kv_cache_sizing import (
+    configured_kv_blocks,
+    cuda_kv_cache_blocks,
+    kv_block_bytes,
+)
+from kvserve.engine.models.decoder import DecoderLM
+from kvserve.engine.models.model_config import ModelConfig
+from kvserve.engine.models.packed_linear import can_pack
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """Every decision the settings leave to the engine, made by ``plan_execution``.
+
+    ``num_kv_blocks`` is None only between ``plan_execution`` and ``with_measured_kv_blocks``
+    on a CUDA device whose cache is the share of memory a profiled step leaves (that needs
+    the loaded model); every plan past the model runner's construction has it.
+    """
+
+    model: str
+    family: str
+    device: torch.device
+    dtype: torch.dtype
+    backend: AttentionBackend
+    cuda_graphs: bool
+    packed_linears: bool
+    max_model_len: int
+    block_size: int
+    kv_block_bytes: int
+    num_kv_blocks: int | None
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        """Blocks of a request at the full context."""
+        return cdiv(self.max_model_len, self.block_size)
+
+    def with_measured_kv_blocks(self, model: DecoderLM, config: EngineConfig) -> "ExecutionPlan":
+        """This plan with the blocks that fit next to ``model`` and its largest step."""
+        blocks = cuda_kv_cache_blocks(
+            model, config, self.max_model_len, self.kv_block_bytes, self.dtype, self.device
+        )
+        return dataclasses.replace(self, num_kv_blocks=blocks)
+
+    def __str__(self) -> str:
+        on_off = {True: "on", False: "off"}
+        return (
+            f"{self.model} ({self.family}): device {self.device}, "
+            f"dtype {str(self.dtype).removeprefix('torch.')}, attention {self.backend.name}, "
+            f"cuda graphs {on_off[self.cuda_graphs]}, "
+            f"packed linears {on_off[self.packed_linears]}, "
+            f"max_model_len {self.max_model_len}, "
+            f"{self.num_kv_blocks} KV blocks x {self.block_size} tokens"
+        )
+
+
+def plan_execution(config: EngineConfig, model_config: ModelConfig) -> ExecutionPlan:
+    """Resolve ``config``'s ``auto`` settings for this checkpoint on this machine; raises
+    ValueError for a setting the checkpoint or the device cannot honour."""
+    device = _device(config)
+    dtype = _dtype(config.dtype, model_config.torch_dtype, device)
+    backend = select_backend(device, config.attention_backend)
+    max_model_len = _max_model_len(config, model_config)
+    block_bytes = kv_block_bytes(model_config, config.block_size, dtype)
+    return ExecutionPlan(
+        model=config.model,
+        family=model_config.family,
+        device=device,
+        dtype=dtype,
+        backend=backend,
+        cuda_graphs=use_cuda_graphs(device, backend.name, config.enforce_eager),
+        packed_linears=can_pack(dtype, device),
+        max_model_len=max_model_len,
+        block_size=config.block_size,
+        kv_block_bytes=block_bytes,
+        num_kv_blocks=configured_kv_blocks(config, block_bytes, max_model_len, device),
+    )
+
+
+def _device(config: EngineConfig) -> torch.device:
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(config.device)
+
+
+def _dtype(name: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
+    """``auto`` takes the checkpoint's dtype, except float16 on a CPU (too slow there)
+    which becomes bfloat16."""
+    if name == "auto":
+        name = checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
+        if name == "float16" and device.type == "cpu":
+            name = "bfloat16"
+    return getattr(torch, name)
+
+
+def _max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
+    """The setting, or the model's context (capped at its sliding window), never above it."""
+    limit = model_config.max_position_embeddings
+    if model_config.sliding_window:
+        limit = min(limit, model_config.sliding_window)
+    wanted = config.max_model_len or limit
+    if wanted > limit:
+        raise ValueError(f"max_model_len {wanted} exceeds the model's context of {limit}")
+    return wanted

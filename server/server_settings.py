@@ -1,0 +1,41 @@
+"""The ``kvserve serve`` settings that are not the engine's, declared as ``EngineConfig``'s are
+(see ``engine/settings.py``); ``server/serve.py`` reads them from the parsed flags."""
+
+from dataclasses import dataclass
+
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.settings import Crd, Declared, declared, setting
+from kvserve.server.tool_parsers import TOOL_PARSERS
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    served_model_name: str | None = setting(None, help="name clients use (default: --model)")
+    host: str = setting("0.0.0.0")
+    port: int = setting(8000)
+    api_key: str | None = setting(None, help="require 'Authorization: Bearer KEY' on the API")
+    max_waiting_requests: int | None = setting(None, help="queue limit; beyond it, 503")
+    shutdown_timeout: float = setting(30.0, help="drain limit after SIGTERM (s)")
+    timeout_keep_alive: float = setting(
+        5.0, help="seconds a connection may sit idle or take to send its request headers"
+    )
+    request_body_timeout: float = setting(
+        30.0, help="seconds a request body may take to arrive; beyond it, 408"
+    )
+    enable_auto_tool_choice: bool = setting(
+        False,
+        help="parse tool calls out of the output for tool_choice 'auto' (needs --tool-call-parser)",
+    )
+    tool_call_parser: str | None = setting(
+        None,
+        choices=tuple(sorted(TOOL_PARSERS)),
+        help="tool-call format",
+        crd=Crd(with_flags=("--enable-auto-tool-choice",)),
+    )
+
+
+SERVE_SETTINGS: list[Declared] = declared(EngineConfig) + declared(ServerSettings)
+"""Every ``serve`` flag, the engine's first."""
+
+CRD_ENGINE_SETTINGS: list[Declared] = [d for d in SERVE_SETTINGS if d.setting.crd is not None]
+"""The CRD ``engine`` block's fields the operator renders as flags (its ``kvEvents`` aside)."""

@@ -1,0 +1,38 @@
+"""What the server holds for its whole life: the engine, the metrics, the drain, the
+admission and the settings, and the key of each HTTP request's id."""
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from kvserve.engine.async_llm import AsyncLLM
+from kvserve.server.admission import Admission
+from kvserve.server.drain import DrainState
+from kvserve.server.metrics import ServerMetrics
+
+REQUEST_ID = web.RequestKey("request_id", str)
+"""The request's id: the client's X-Request-Id, or a fresh one (set by the app's middleware)."""
+
+
+@dataclass
+class ServerState:
+    llm: AsyncLLM
+    model_name: str
+    model_path: str
+    metrics: ServerMetrics
+    drain: DrainState
+    api_key: str | None = None
+    max_waiting_requests: int | None = None
+    body_timeout: float = 30.0  # seconds a request body may take to arrive
+    auto_tool_parser: str | None = None  # for tool_choice "auto": --tool-call-parser, if enabled
+    created: int = field(default_factory=lambda: int(time.time()))
+    _ids: itertools.count = field(default_factory=itertools.count)
+    admission: Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.max_waiting_requests, self.llm.max_num_seqs)
+
+    def engine_request_id(self, api_id: str, choice: int) -> str:
+        return f"{api_id}-{next(self._ids)}-{choice}"

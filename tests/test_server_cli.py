@@ -1,0 +1,78 @@
+"""The ``serve`` flags and their ``KVSERVE_*`` environment: flag beats environment beats default."""
+
+import dataclasses
+
+import pytest
+
+from kvserve.engine.kv_events import KVEventsConfig
+from kvserve.server.cli import build_parser, engine_config
+
+
+def test_cli_flag_beats_environment_beats_default(monkeypatch):
+    monkeypatch.setenv("KVSERVE_PORT", "9001")
+    monkeypatch.setenv("KVSERVE_API_KEY", "from-env")
+    monkeypatch.setenv("KVSERVE_ENABLE_PREFIX_CACHING", "false")
+    monkeypatch.setenv("KVSERVE_KV_CACHE_MEMORY_GB", "1.5")
+    args = build_parser().parse_args(["serve", "--api-key", "from-flag"])
+    assert (args.port, args.api_key, args.enable_prefix_caching) == (9001, "from-flag", False)
+    assert args.kv_cache_memory_gb == 1.5
+    assert build_parser().parse_args(["serve", "--enable-prefix-caching"]).enable_prefix_caching
+    monkeypatch.delenv("KVSERVE_PORT")
+    defaults = build_parser().parse_args(["serve"])
+    assert (defaults.port, defaults.host, defaults.shutdown_timeout) == (8000, "0.0.0.0", 30.0)
+    assert (defaults.model, defaults.max_waiting_requests) == (None, None)
+
+
+def test_bad_environment_values_stop_the_cli(monkeypatch):
+    monkeypatch.setenv("KVSERVE_DTYPE", "float8")
+    with pytest.raises(SystemExit, match="KVSERVE_DTYPE must be one of auto, float32"):
+        build_parser()
+
+
+def test_seed_flag_and_environment_reach_the_engine(monkeypatch):
+    assert engine_config(build_parser().parse_args(["serve"])).seed is None
+    monkeypatch.setenv("KVSERVE_SEED", "3")
+    assert engine_config(build_parser().parse_args(["serve"])).seed == 3
+    assert engine_config(build_parser().parse_args(["serve", "--seed", "7"])).seed == 7
+
+
+def test_every_engine_setting_is_a_flag_and_an_environment_variable(monkeypatch):
+    """``EngineConfig``'s fields, each set through its ``KVSERVE_*`` variable, arrive as set."""
+    values = {
+        "KVSERVE_DTYPE": "bfloat16",
+        "KVSERVE_DEVICE": "cpu",
+        "KVSERVE_MAX_NUM_SEQS": "3",
+        "KVSERVE_MAX_NUM_BATCHED_TOKENS": "99",
+        "KVSERVE_MAX_MODEL_LEN": "77",
+        "KVSERVE_BLOCK_SIZE": "8",
+        "KVSERVE_NUM_KV_BLOCKS": "5",
+        "KVSERVE_KV_CACHE_MEMORY_GB": "0.5",
+        "KVSERVE_GPU_MEMORY_UTILIZATION": "0.5",
+        "KVSERVE_ENFORCE_EAGER": "true",
+        "KVSERVE_TENSOR_PARALLEL_SIZE": "1",
+        "KVSERVE_ENABLE_PREFIX_CACHING": "false",
+        "KVSERVE_ATTENTION_BACKEND": "torch",
+        "KVSERVE_SEED": "11",
+        "KVSERVE_KV_EVENTS_CONFIG": '{"enable_kv_cache_events": true}',
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    config = engine_config(build_parser().parse_args(["serve", "--model", "/m"]))
+    assert dataclasses.asdict(config) == {
+        "model": "/m",
+        "dtype": "bfloat16",
+        "device": "cpu",
+        "max_num_seqs": 3,
+        "max_num_batched_tokens": 99,
+        "max_model_len": 77,
+        "block_size": 8,
+        "num_kv_blocks": 5,
+        "kv_cache_memory_gb": 0.5,
+        "gpu_memory_utilization": 0.5,
+        "enforce_eager": True,
+        "tensor_parallel_size": 1,
+        "enable_prefix_caching": False,
+        "attention_backend": "torch",
+        "seed": 11,
+        "kv_events_config": dataclasses.asdict(KVEventsConfig(enable_kv_cache_events=True)),
+    }
