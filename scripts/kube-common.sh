@@ -52,3 +52,16 @@ stop_pid() {  # stop_pid NAME PIDFILE: SIGTERM, SIGKILL after 20 s; removes PIDF
     fi
     rm -f "$pidfile"
 }
+
+# aggregation_flags PKI: the kube-apiserver flags of the aggregation layer (front-proxy CA and
+# client certificate in PKI), one per line: read them with mapfile.
+aggregation_flags() {
+    printf '%s\n' \
+        --requestheader-client-ca-file "$1/front-proxy-ca.crt" \
+        --requestheader-allowed-names front-proxy-client \
+        --requestheader-username-headers X-Remote-User \
+        --requestheader-group-headers X-Remote-Group \
+        --requestheader-extra-headers-prefix X-Remote-Extra- \
+        --proxy-client-cert-file "$1/front-proxy-client.crt" \
+        --proxy-client-key-file "$1/front-proxy-client.key"
+}

@@ -130,6 +130,8 @@ KCFG
         --initial-cluster "default=http://127.0.0.1:$peer_port" \
         >"$dir/etcd.log" 2>&1 &
     echo $! > "$dir/etcd.pid"
+    local aggregation
+    mapfile -t aggregation < <(aggregation_flags "$dir")
     "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
         --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
         --insecure-port 0 --tls-cert-file "$dir/ca.crt" --tls-private-key-file "$dir/ca.key" \
@@ -140,13 +142,7 @@ KCFG
         --service-account-signing-key-file "$dir/sa.key" \
         --api-audiences https://kubernetes.default.svc \
         --cert-dir "$dir/certs" --allow-privileged=true \
-        --requestheader-client-ca-file "$dir/front-proxy-ca.crt" \
-        --requestheader-allowed-names front-proxy-client \
-        --requestheader-username-headers X-Remote-User \
-        --requestheader-group-headers X-Remote-Group \
-        --requestheader-extra-headers-prefix X-Remote-Extra- \
-        --proxy-client-cert-file "$dir/front-proxy-client.crt" \
-        --proxy-client-key-file "$dir/front-proxy-client.key" \
+        "${aggregation[@]}" \
         >"$dir/kube-apiserver.log" 2>&1 &
     echo $! > "$dir/kube-apiserver.pid"
     local curl_ready=(curl -sf --cacert "$dir/ca.crt" -H "Authorization: Bearer $token"

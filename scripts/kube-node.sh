@@ -391,6 +391,8 @@ etcd_up() {
 }
 
 apiserver_up() {
+    local aggregation
+    mapfile -t aggregation < <(aggregation_flags "$PKI")
     start_daemon kube-apiserver "$BIN/kube-apiserver" --etcd-servers http://127.0.0.1:2379 \
         --bind-address 0.0.0.0 --advertise-address "$NODE_IP" --secure-port 6443 --insecure-port 0 \
         --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
@@ -403,13 +405,7 @@ apiserver_up() {
         --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
         --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
         --kubelet-preferred-address-types InternalIP \
-        --requestheader-client-ca-file "$PKI/front-proxy-ca.crt" \
-        --requestheader-allowed-names front-proxy-client \
-        --requestheader-username-headers X-Remote-User \
-        --requestheader-group-headers X-Remote-Group \
-        --requestheader-extra-headers-prefix X-Remote-Extra- \
-        --proxy-client-cert-file "$PKI/front-proxy-client.crt" \
-        --proxy-client-key-file "$PKI/front-proxy-client.key" \
+        "${aggregation[@]}" \
         --enable-aggregator-routing=true
     wait_daemon kube-apiserver 90 api_ready
 }
