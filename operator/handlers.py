@@ -47,7 +47,7 @@ from kvserve.operator.resource import (
 )
 from kvserve.operator.resync import resync_forever
 from kvserve.operator.status import new_warning, reported_problem
-from kvserve.operator.status_write import write_outcome
+from kvserve.operator.status_write import StatusConflict, write_outcome
 
 RESYNC_SECONDS = float(os.environ.get("KVSERVE_RESYNC_SECONDS", "300"))
 MAX_RETRY_DELAY = 60.0
@@ -191,7 +191,8 @@ async def child_changed(
     """A deleted child is re-created; a change of a Deployment or of a pod (any, deleted too:
     pods are the ReplicaSet's) refreshes the owner's status.
 
-    kopf never retries an event handler, so API errors are retried here, with backoff.
+    kopf never retries an event handler, so API errors are retried here, with backoff. A
+    status write that keeps conflicting (StatusConflict) is left to the writers that won.
     """
     kind = body.get("kind")
     deleted = event["type"] == "DELETED" and kind != "Pod"
@@ -200,6 +201,10 @@ async def child_changed(
     for attempt in range(CHILD_ATTEMPTS):
         try:
             await asyncio.to_thread(_handle_child, memo.reconciler, body, deleted)
+            return
+        except StatusConflict as e:
+            # Others wrote the status in between, each from its own read; the resync catches up.
+            logger.info("child event: status left to the newer writers (%s)", e)
             return
         except ApiException as e:
             if namespace_terminating(e):
