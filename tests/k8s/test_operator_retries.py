@@ -2,12 +2,16 @@
 
 import asyncio
 import json
+import logging
+from types import SimpleNamespace
 
 from kubernetes.client.rest import ApiException
 
+from kvserve.operator import handlers
 from kvserve.operator.handlers import retry_delay
 from kvserve.operator.kube import api_message, namespace_terminating
 from kvserve.operator.resync import resync_forever
+from kvserve.operator.status_write import StatusConflict
 
 
 def test_backoff_doubles_up_to_a_minute() -> None:
@@ -67,3 +71,30 @@ def test_resync_reconciles_every_key_each_round_and_outlives_errors() -> None:
 
     asyncio.run(asyncio.wait_for(three_rounds(), timeout=10))
     assert calls[:6] == keys * 3
+
+
+def test_a_child_event_whose_status_write_keeps_conflicting_ends_quietly(monkeypatch, caplog):
+    """Other writers won every race for the owner's status: the event ends at once, with one
+    info line and no exception for kopf to log as a traceback."""
+    calls = []
+
+    def conflicting(reconciler, body, deleted):
+        calls.append(deleted)
+        raise StatusConflict("ml/q changed 5 times")
+
+    monkeypatch.setattr(handlers, "_handle_child", conflicting)
+    logger = logging.getLogger("test-child-event")
+    pod = {"kind": "Pod", "metadata": {"namespace": "ml", "name": "q-1"}}
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        asyncio.run(
+            handlers.child_changed(
+                event={"type": "MODIFIED"},
+                body=pod,
+                memo=SimpleNamespace(reconciler=None),
+                logger=logger,
+            )
+        )
+    assert calls == [False]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "child event: status left to the newer writers (ml/q changed 5 times)")
+    ]
