@@ -3,7 +3,9 @@ rate, and a description (CPU model, cores, load) for the results file."""
 
 import os
 import platform
+import subprocess
 import time
+from pathlib import Path
 
 import torch
 
@@ -38,6 +40,29 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
+
+
+def lscpu() -> dict[str, str]:
+    """`lscpu`'s fields by name ("Model name", "Flags", ...)."""
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.splitlines())}
+
+
+def lscpu_model() -> str:
+    return lscpu().get("Model name", "unknown")
+
+
+def cpu_flags(
+    names: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"),
+) -> str:
+    """Which of the flags that pick the kernels (`names`) `lscpu` lists, e.g.
+    "avx2 yes, avx512f no, ..."."""
+    have = set(lscpu().get("Flags", "").split())
+    return ", ".join(f"{name} {'yes' if name in have else 'no'}" for name in names)
+
+
+def loadavg() -> str:
+    return Path("/proc/loadavg").read_text().strip()
 
 
 def load_average() -> str:

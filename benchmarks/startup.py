@@ -18,31 +18,34 @@ cache volume would be.
 """
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from checkpoint import build_checkpoint
+from machine import loadavg, lscpu_model
+from server_launch import (
+    SERVERS,
+    command,
+    environment,
+    free_port,
+    spawn,
+    stop,
+    vllm_version,
+    wait_ready,
+)
 
 HERE = Path(__file__).parent
 DEMO_MODEL = HERE.parent / "server" / "default_model"
-KVSERVE = Path(sys.executable).parent / "kvserve"
 PROMPT = list(range(10, 26))
-POLL_SECONDS = 0.05
-SERVERS = ("kvserve", "vllm")
 # What vLLM logs when its saved torch.compile artefact fails to load and it compiles again.
 RECOMPILE_MARK = "Compiling model again due to a load failure"
 
@@ -70,42 +73,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one start may take")
     p.add_argument("--out", type=Path, default=HERE / "results" / "startup.md")
     return p.parse_args()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def command(server: str, model: Path, port: int, args: argparse.Namespace) -> list[str]:
-    common = ["--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port)]
-    common += ["--dtype", "float32"]
-    if server == "kvserve":
-        return [str(KVSERVE), "serve", "--model", str(model), *common]
-    return [args.vllm, "serve", str(model), *common]
-
-
-def environment(server: str, cache: Path, args: argparse.Namespace) -> dict[str, str]:
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env |= {"XDG_CACHE_HOME": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
-    if server == "vllm":
-        env |= {
-            "VLLM_CACHE_ROOT": str(cache / "vllm"),
-            "VLLM_CPU_OMP_THREADS_BIND": args.vllm_threads_bind,
-            "VLLM_CPU_KVCACHE_SPACE": args.vllm_kvcache_gib,
-        }
-    return env
-
-
-def _health(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=1) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
 
 
 def first_token(url: str, timeout: float) -> None:
@@ -136,67 +103,25 @@ def startup_phases(url: str) -> dict[str, float]:
     return phases
 
 
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL to the process group it leads (vLLM's engine is a child)."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
 def start_once(
     server: str, name: str, model: Path, repetition: int, cache: Path, log: Path, args
 ) -> Start:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with log.open("ab") as out:
-        out.write(f"\n=== {server} {name} repetition {repetition}\n".encode())
-        out.flush()
-        began = time.monotonic()
-        process = subprocess.Popen(
-            command(server, model, port, args),
-            env=environment(server, cache, args),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process, began = spawn(
+        command(server, model, port, args.vllm),
+        environment(server, cache, args.vllm_threads_bind, args.vllm_kvcache_gib),
+        log,
+        f"{server} {name} repetition {repetition}",
+    )
     try:
-        while _health(url) != 200:
-            if process.poll() is not None:
-                raise RuntimeError(f"{server} exited with {process.returncode}; see {log}")
-            if time.monotonic() - began > args.timeout:
-                raise RuntimeError(f"{server} not ready after {args.timeout:.0f} s; see {log}")
-            time.sleep(POLL_SECONDS)
-        ready = time.monotonic() - began
+        ready = wait_ready(process, url, began, args.timeout, log)
         first_token(url, args.timeout)
         first = time.monotonic() - began
         phases = startup_phases(url) if server == "kvserve" else {}
     finally:
         stop(process)
     return Start(name, server, repetition, ready, first, phases, loadavg().split()[0])
-
-
-def lscpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
-def loadavg() -> str:
-    return Path("/proc/loadavg").read_text().strip()
-
-
-def vllm_version(vllm: str) -> str:
-    python = Path(vllm).parent / "python"
-    code = "from importlib.metadata import version; print(version('vllm-cpu'))"
-    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
 
 
 def report(starts: list[Start], args: argparse.Namespace, header: list[str]) -> str:

@@ -9,6 +9,7 @@ import torch
 from kvserve.engine.attention.backend import AttentionBackend, select_backend
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import DTYPES, EngineConfig
+from kvserve.engine.cpu_features import cpu_flags, native_bf16
 from kvserve.engine.cuda_graphs import use_cuda_graphs
 from kvserve.engine.kv_cache_sizing import (
     configured_kv_blocks,
@@ -33,6 +34,8 @@ class ExecutionPlan:
     family: str
     device: torch.device
     dtype: torch.dtype
+    dtype_note: str
+    """Why ``auto`` chose a dtype other than the checkpoint's (empty when it did not)."""
     backend: AttentionBackend
     cuda_graphs: bool
     packed_linears: bool
@@ -57,7 +60,8 @@ class ExecutionPlan:
         on_off = {True: "on", False: "off"}
         return (
             f"{self.model} ({self.family}): device {self.device}, "
-            f"dtype {str(self.dtype).removeprefix('torch.')}, attention {self.backend.name}, "
+            f"dtype {str(self.dtype).removeprefix('torch.')}"
+            f"{f' ({self.dtype_note})' if self.dtype_note else ''}, attention {self.backend.name}, "
             f"cuda graphs {on_off[self.cuda_graphs]}, "
             f"packed linears {on_off[self.packed_linears]}, "
             f"max_model_len {self.max_model_len}, "
@@ -65,11 +69,15 @@ class ExecutionPlan:
         )
 
 
-def plan_execution(config: EngineConfig, model_config: ModelConfig) -> ExecutionPlan:
-    """Resolve ``config``'s ``auto`` settings for this checkpoint on this machine; raises
-    ValueError for a setting the checkpoint or the device cannot honour."""
+def plan_execution(
+    config: EngineConfig, model_config: ModelConfig, flags: frozenset[str] | None = None
+) -> ExecutionPlan:
+    """Resolve ``config``'s ``auto`` settings for this checkpoint on this machine (``flags``:
+    its CPU's feature flags, read from /proc/cpuinfo unless given); raises ValueError for a
+    setting the checkpoint or the device cannot honour."""
     device = _device(config)
-    dtype = _dtype(config.dtype, model_config.torch_dtype, device)
+    cpu_bf16 = native_bf16(cpu_flags() if flags is None else flags)
+    dtype, dtype_note = _dtype(config.dtype, model_config.torch_dtype, device, cpu_bf16)
     backend = select_backend(device, config.attention_backend)
     max_model_len = _max_model_len(config, model_config)
     block_bytes = kv_block_bytes(model_config, config.block_size, dtype)
@@ -78,6 +86,7 @@ def plan_execution(config: EngineConfig, model_config: ModelConfig) -> Execution
         family=model_config.family,
         device=device,
         dtype=dtype,
+        dtype_note=dtype_note,
         backend=backend,
         cuda_graphs=use_cuda_graphs(device, backend.name, config.enforce_eager),
         packed_linears=can_pack(dtype, device),
@@ -94,14 +103,22 @@ def _device(config: EngineConfig) -> torch.device:
     return torch.device(config.device)
 
 
-def _dtype(name: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
-    """``auto`` takes the checkpoint's dtype, except float16 on a CPU (too slow there)
-    which becomes bfloat16."""
-    if name == "auto":
-        name = checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
-        if name == "float16" and device.type == "cpu":
-            name = "bfloat16"
-    return getattr(torch, name)
+def _dtype(
+    name: str, checkpoint_dtype: str | None, device: torch.device, cpu_bf16: bool
+) -> tuple[torch.dtype, str]:
+    """An explicit dtype is obeyed. ``auto`` takes the checkpoint's, except on a CPU: a half
+    precision checkpoint computes in bfloat16 where the CPU does bf16 natively (AMX,
+    AVX-512-BF16) and is upcast to float32 elsewhere (emulated bf16 matmuls run several
+    times slower than float32 there); float16 always becomes one of those two (it is
+    emulated on every CPU). Returns the dtype and why it differs from the checkpoint's."""
+    if name != "auto":
+        return getattr(torch, name), ""
+    stored = checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
+    if device.type != "cpu" or stored == "float32" or (stored == "bfloat16" and cpu_bf16):
+        return getattr(torch, stored), ""
+    if cpu_bf16:
+        return torch.bfloat16, f"{stored} checkpoint: bfloat16 is native on this CPU"
+    return torch.float32, f"{stored} checkpoint upcast: this CPU has no native bf16"
 
 
 def _max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:

@@ -17,6 +17,7 @@ from kvserve.engine.attention import cpu_backend
 from kvserve.engine.attention.backend import select_backend
 from kvserve.engine.attention.cpu_backend import CPUAttention
 from kvserve.engine.attention.torch_backend import TorchAttention
+from kvserve.engine.cpu_features import cpu_flags
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
@@ -65,13 +66,19 @@ def test_select_backend_logs_the_cpu_kernel(kernel_dir, caplog):
     assert caplog.records[-1].getMessage() == "attention backend: cpu (cpu, requested auto)"
 
 
-def test_library_name_depends_on_the_cpu_features(kernel_dir, monkeypatch):
-    """A -march=native library built on one CPU is never loaded on a CPU with other features."""
-    here = cpu_backend.library_path()
-    monkeypatch.setattr(cpu_backend, "_cpu_features", lambda: b"flags\t\t: fpu sse2\n")
-    other = cpu_backend.library_path()
-    assert here.parent == other.parent == kernel_dir
-    assert here.name != other.name
+def test_one_library_serves_every_x86_64_cpu_and_picks_its_simd_path_at_run_time(kernel_dir):
+    """No -march: an image's prebuilt kernel runs on whatever CPU its pod lands on, on the
+    widest path that CPU has (the flags /proc/cpuinfo lists)."""
+    assert not [f for f in cpu_backend.FLAGS if f.startswith(("-march", "-mcpu", "-mtune"))]
+    flags = cpu_flags()
+    expected = ["baseline"]
+    if {"avx2", "fma"} <= flags:
+        expected.append("avx2")
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        expected.append("avx512")
+    assert cpu_backend.supported_isas() == expected
+    assert CPUAttention().isa == expected[-1]
+    assert cpu_backend.library_path().parent == kernel_dir
 
 
 def test_loading_the_kernel_keeps_subnormal_floats(kernel_dir):

@@ -7,11 +7,23 @@ import logging
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from kvserve import LLM, SamplingParams
+from kvserve.engine import execution_plan
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models.model_config import ModelConfig
+
+from reference import assert_greedy_match, hf_greedy
+
+# /proc/cpuinfo flag sets of the CPU kinds these machines have (abridged)
+AVX2 = frozenset({"sse2", "avx", "avx2", "fma", "f16c"})
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+AVX512_BF16 = AVX512 | {"avx512_bf16"}
+AMX = AVX512_BF16 | {"amx_tile", "amx_bf16", "amx_int8"}
+AARCH64_BF16 = frozenset({"fp", "asimd", "bf16"})
 
 # The tiny llama: 2 layers x (keys, values) x 2 KV heads x 16 dims
 FLOAT32_BLOCK_BYTES = 2 * 2 * 2 * 16 * 4 * 16  # 16 tokens of float32
@@ -34,9 +46,10 @@ def test_a_tiny_checkpoint_on_the_cpu_gets_an_exact_plan(checkpoint):
         "family": "llama",
         "device": torch.device("cpu"),
         "dtype": torch.float32,  # the checkpoint's
+        "dtype_note": "",
         "backend": "torch",
         "cuda_graphs": False,
-        "packed_linears": False,  # float32 stays on plain torch
+        "packed_linears": True,  # oneDNN linears, float32 too
         "max_model_len": 100,
         "block_size": 16,
         "kv_block_bytes": FLOAT32_BLOCK_BYTES,
@@ -63,7 +76,7 @@ def test_the_kv_blocks_follow_the_setting_that_wins(checkpoint):
 def test_the_checkpoint_and_the_device_decide_what_auto_means(checkpoint):
     path = str(checkpoint("llama"))
     half = dataclasses.replace(ModelConfig.from_dir(path), torch_dtype="float16")
-    on_cpu = plan_execution(EngineConfig(model=path, device="cpu"), half)
+    on_cpu = plan_execution(EngineConfig(model=path, device="cpu"), half, AVX512_BF16)
     on_cuda = plan_execution(EngineConfig(model=path, device="cuda"), half)
     eager = plan_execution(EngineConfig(model=path, device="cuda", enforce_eager=True), half)
     assert (on_cpu.dtype, on_cpu.cuda_graphs) == (torch.bfloat16, False)  # float16 is slow there
@@ -79,6 +92,76 @@ def test_the_checkpoint_and_the_device_decide_what_auto_means(checkpoint):
         plan_execution(EngineConfig(model=path, device="cpu", max_model_len=100), windowed)
 
 
+@pytest.mark.parametrize(
+    ("stored", "flags", "dtype", "note"),
+    [
+        ("bfloat16", AVX512_BF16, torch.bfloat16, ""),
+        ("bfloat16", AMX, torch.bfloat16, ""),
+        ("bfloat16", AARCH64_BF16, torch.bfloat16, ""),
+        (
+            "bfloat16",
+            AVX2,
+            torch.float32,
+            "bfloat16 checkpoint upcast: this CPU has no native bf16",
+        ),
+        (
+            "bfloat16",
+            AVX512,
+            torch.float32,
+            "bfloat16 checkpoint upcast: this CPU has no native bf16",
+        ),
+        ("float16", AVX2, torch.float32, "float16 checkpoint upcast: this CPU has no native bf16"),
+        ("float16", AMX, torch.bfloat16, "float16 checkpoint: bfloat16 is native on this CPU"),
+        ("float32", AMX, torch.float32, ""),
+        (None, AVX2, torch.float32, ""),
+    ],
+)
+def test_auto_computes_in_bf16_only_where_the_cpu_does_it_natively(
+    checkpoint, stored, flags, dtype, note
+):
+    path = str(checkpoint("llama"))
+    model_config = dataclasses.replace(ModelConfig.from_dir(path), torch_dtype=stored)
+    plan = plan_execution(EngineConfig(model=path, device="cpu"), model_config, flags)
+    assert (plan.dtype, plan.dtype_note) == (dtype, note)
+    assert f"dtype {str(dtype).removeprefix('torch.')}{f' ({note})' if note else ''}," in str(plan)
+
+
+@pytest.mark.parametrize("flags", [AVX2, AVX512_BF16])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+def test_an_explicit_dtype_is_obeyed_on_any_cpu(checkpoint, dtype, flags):
+    path = str(checkpoint("llama"))
+    config = EngineConfig(model=path, device="cpu", dtype=dtype)
+    plan = plan_execution(config, ModelConfig.from_dir(path), flags)
+    assert (plan.dtype, plan.dtype_note) == (getattr(torch, dtype), "")
+    cuda = plan_execution(
+        EngineConfig(model=path, device="cuda"),
+        dataclasses.replace(ModelConfig.from_dir(path), torch_dtype="bfloat16"),
+        AVX2,
+    )
+    assert cuda.dtype == torch.bfloat16  # the CPU's flags do not decide a GPU's dtype
+
+
+def test_a_bf16_checkpoint_is_upcast_at_load_where_bf16_is_emulated(
+    checkpoint, tmp_path, monkeypatch
+):
+    """On a CPU without native bf16 a bf16 checkpoint runs in float32: the same weights as
+    transformers' float32 load of it, token for token."""
+    source = str(checkpoint("llama"))
+    AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(source).save_pretrained(tmp_path)
+    monkeypatch.setattr(execution_plan, "cpu_flags", lambda: AVX2)
+    llm = LLM(str(tmp_path), device="cpu", num_kv_blocks=16)
+    assert (llm.engine.plan.dtype, llm.engine.plan.dtype_note) == (
+        torch.float32,
+        "bfloat16 checkpoint upcast: this CPU has no native bf16",
+    )
+    assert llm.engine.runner.kv_caches[0][0].dtype == torch.float32
+    prompt = [5, 17, 200, 3, 41, 99, 7]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    got = llm.generate([prompt], params)[0].outputs[0].token_ids
+    assert_greedy_match(str(tmp_path), prompt, hf_greedy(str(tmp_path), prompt, 12), got)
+
+
 def test_the_engine_runs_and_logs_its_plan_in_one_line(checkpoint, caplog):
     path = str(checkpoint("llama"))
     config = EngineConfig(
@@ -89,7 +172,7 @@ def test_the_engine_runs_and_logs_its_plan_in_one_line(checkpoint, caplog):
     plan_lines = [r.getMessage() for r in caplog.records if "KV blocks" in r.getMessage()]
     assert plan_lines == [
         f"execution plan: {path} (llama): device cpu, dtype float32, attention torch, "
-        "cuda graphs off, packed linears off, max_model_len 100, 21 KV blocks x 16 tokens"
+        "cuda graphs off, packed linears on, max_model_len 100, 21 KV blocks x 16 tokens"
     ]
     assert described(engine.plan) == described(plan_execution(config, engine.model_config))
     assert (engine.kv.pool.num_blocks, engine.runner.kv_caches[0][0].shape) == (

@@ -5,6 +5,7 @@ it on before anything imports them); on a CUDA machine the same tests run them c
 A failing case prints its seed; ``KVSERVE_TEST_SEED=<seed>`` replays it.
 """
 
+import functools
 import itertools
 import os
 import secrets
@@ -33,6 +34,18 @@ from reference import assert_greedy_match, hf_greedy
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 POISON = 1e4  # what the padding entries of the block tables point at
+# The CPU decode kernel on each of its SIMD paths; the ones this CPU cannot run are skipped.
+CPU_PATHS = [
+    pytest.param(
+        functools.partial(CPUAttention, isa),
+        id=f"cpu-{isa}",
+        marks=pytest.mark.skipif(
+            isa not in cpu_backend.supported_isas(), reason=f"this CPU has no {isa}"
+        ),
+    )
+    for isa in cpu_backend.ISAS
+]
+BACKENDS = [pytest.param(TritonAttention, id="triton"), *CPU_PATHS]
 
 
 @pytest.fixture
@@ -144,7 +157,7 @@ MIXED_SEQ_LENS = [37, 70, 75, 16, 50, 41]
 MIXED_SHARED = {4: (2, 2), 5: (4, 1)}
 
 
-@pytest.mark.parametrize("backend", [TritonAttention, CPUAttention], ids=["triton", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("gqa", [1, 2, 4])
@@ -175,7 +188,7 @@ def test_mixed_batch_fp16_matches_torch(seed, gqa):
     check_attention(batch, seed)
 
 
-@pytest.mark.parametrize("backend", [TritonAttention, CPUAttention], ids=["triton", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("gqa", [1, 2, 4])
 def test_decode_batch_matches_torch(seed, gqa, dtype, backend):
@@ -193,7 +206,31 @@ def test_decode_batch_matches_torch(seed, gqa, dtype, backend):
     check_attention(batch, seed, backend)
 
 
-@pytest.mark.parametrize("backend", [TritonAttention, CPUAttention], ids=["triton", "cpu"])
+@pytest.mark.parametrize("backend", CPU_PATHS)
+@pytest.mark.parametrize("num_seqs", [1, 2, 3])
+@pytest.mark.parametrize("gqa", [1, 2])
+def test_cpu_decode_splits_the_heads_of_few_sequences_across_threads(seed, num_seqs, gqa, backend):
+    """With fewer sequences than four per thread each sequence's kv heads are split into
+    work items (6 or 3 kv heads: even and uneven splits); every thread count gives
+    the torch path's result."""
+    batch = make_batch(
+        [1] * num_seqs,
+        [300, 17, 129][:num_seqs],
+        num_heads=6,
+        num_kv_heads=6 // gqa,
+        head_dim=64,
+        dtype=torch.bfloat16,
+    )
+    threads = torch.get_num_threads()
+    try:
+        for n in (2, 3, 4):
+            torch.set_num_threads(n)
+            check_attention(batch, seed, backend)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "block_size"),
     [(6, 2, 48, 5), (7, 1, 32, 1), (2, 2, 16, 32)],

@@ -1,105 +1,133 @@
-/* Paged decode attention for the CPU: one query token per sequence, keys and
- * values read in place from the block-paged cache (no gather), fp32 math.
+/* Paged decode attention for the CPU: one query token per sequence, keys and values read
+ * in place from the block-paged cache (no gather), fp32 math.
  *
- * q, out: [num_seqs, num_heads, head_dim]; caches: [num_blocks, block_size,
- * num_kv_heads, head_dim]; tables: [num_seqs, table_stride] int32; seq_lens:
- * [num_seqs] int32. Elements are float32 or bfloat16 bits (is_bf16). Only
- * sequences [seq_begin, seq_end) are processed, so callers can split a batch
- * across threads. scratch holds num_heads * max(seq_lens) + 2 * num_kv_heads *
- * head_dim floats. Each token's row of all kv heads is read whole and once per
- * pass, so the cache streams through memory in order.
+ * q, out: [num_seqs, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads,
+ * head_dim]; tables: [num_seqs, table_stride] int32; seq_lens: [num_seqs] int32. Elements
+ * are float32 or bfloat16 bits (is_bf16).
+ *
+ * The work items are (sequence, range of kv heads): whole sequences when there are enough
+ * of them to keep every thread busy, else each sequence's heads split further. They run on
+ * OpenMP threads: loaded into a torch process, this library shares torch's OpenMP runtime
+ * (libgomp.so.1) and so its warm thread pool. The loops are compiled once per SIMD target
+ * (cpu_decode_isa.h) and `isa` picks one at run time: 2 = AVX-512, 1 = AVX2 with FMA,
+ * 0 = the compiler's baseline (SSE2 on x86-64); best_isa() is what this CPU runs.
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
-static inline void load_row(const void *base, int64_t offset, int is_bf16, int n, float *dst) {
-    if (is_bf16) {
-        const uint16_t *src = (const uint16_t *)base + offset;
-        uint32_t *bits = (uint32_t *)dst;
-        for (int i = 0; i < n; i++) bits[i] = (uint32_t)src[i] << 16;
-    } else {
-        memcpy(dst, (const float *)base + offset, sizeof(float) * n);
-    }
-}
+struct decode_args {
+    const void *q, *key_cache, *value_cache;
+    const int32_t *tables, *seq_lens;
+    void *out;
+    int num_seqs, num_heads, num_kv_heads, head_dim, block_size, table_stride, is_bf16;
+    float scale;
+};
 
 /* Rows this many tokens ahead are requested early: measured ~30% faster here. */
 #define PREFETCH_AHEAD 4
 
-static inline void prefetch_row(const void *base, int64_t offset, int is_bf16, int n) {
-    const int size = is_bf16 ? 2 : 4;
-    const char *p = (const char *)base + offset * size;
-    for (int i = 0; i < n * size; i += 64) __builtin_prefetch(p + i);
+static inline float bf16_to_f32(uint16_t bits) {
+    uint32_t wide = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &wide, sizeof f);
+    return f;
+}
+
+static inline float load(const void *base, int64_t i, int is_bf16) {
+    return is_bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+static inline void store(void *base, int64_t i, int is_bf16, float value) {
+    if (is_bf16) {
+        uint32_t bits;
+        memcpy(&bits, &value, sizeof bits); /* round to nearest even */
+        ((uint16_t *)base)[i] = (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+    } else {
+        ((float *)base)[i] = value;
+    }
 }
 
 static inline int64_t row_offset(const int32_t *table, int t, int block_size, int row_len) {
-    return table[t / block_size] * (int64_t)row_len * block_size + (int64_t)(t % block_size) * row_len;
+    return table[t / block_size] * (int64_t)row_len * block_size +
+           (int64_t)(t % block_size) * row_len;
 }
 
-static inline void store_row(void *base, int64_t offset, int is_bf16, int n, const float *src) {
-    if (is_bf16) {
-        uint16_t *dst = (uint16_t *)base + offset;
-        const uint32_t *bits = (const uint32_t *)src;
-        for (int i = 0; i < n; i++) /* round to nearest even */
-            dst[i] = (uint16_t)((bits[i] + 0x7FFF + ((bits[i] >> 16) & 1)) >> 16);
-    } else {
-        memcpy((float *)base + offset, src, sizeof(float) * n);
-    }
+static inline void prefetch(const char *p, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
 }
 
-void paged_decode(const void *q, const void *key_cache, const void *value_cache,
-                  const int32_t *tables, const int32_t *seq_lens, void *out, int seq_begin,
-                  int seq_end, int num_heads, int num_kv_heads, int head_dim, int block_size,
-                  int table_stride, float scale, int is_bf16, float *scratch) {
-    const int group = num_heads / num_kv_heads;
-    const int row_len = num_kv_heads * head_dim;
-    float qf[num_heads * head_dim];
-    float acc[num_heads * head_dim];
-    float *row = scratch;
-    float *scores = scratch + row_len;
-    for (int s = seq_begin; s < seq_end; s++) {
-        const int len = seq_lens[s];
-        const int32_t *table = tables + (int64_t)s * table_stride;
-        const int64_t q_offset = (int64_t)s * num_heads * head_dim;
-        load_row(q, q_offset, is_bf16, num_heads * head_dim, qf);
-        for (int i = 0; i < num_heads * head_dim; i++) qf[i] *= scale;
-        for (int t = 0; t < len; t++) {
-            if (t + PREFETCH_AHEAD < len)
-                prefetch_row(key_cache, row_offset(table, t + PREFETCH_AHEAD, block_size, row_len),
-                             is_bf16, row_len);
-            load_row(key_cache, row_offset(table, t, block_size, row_len), is_bf16, row_len, row);
-            for (int h = 0; h < num_heads; h++) {
-                const float *qh = qf + h * head_dim;
-                const float *kh = row + (h / group) * head_dim;
-                float dot = 0.0f;
-                for (int d = 0; d < head_dim; d++) dot += qh[d] * kh[d];
-                scores[(int64_t)h * len + t] = dot;
-            }
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,prefer-vector-width=512")
+#define ISA avx512
+#include "cpu_decode_isa.h"
+#undef ISA
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define ISA avx2
+#include "cpu_decode_isa.h"
+#undef ISA
+#pragma GCC pop_options
+#endif
+
+#define ISA baseline
+#include "cpu_decode_isa.h"
+#undef ISA
+
+typedef void (*decode_item_fn)(const struct decode_args *, int, int, int, float *);
+
+int best_isa(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+#endif
+    return 0;
+}
+
+/* 0 on success, -1 for an ISA this build or this CPU lacks, -2 if scratch memory ran out. */
+int paged_decode(const void *q, const void *key_cache, const void *value_cache,
+                 const int32_t *tables, const int32_t *seq_lens, void *out, int num_seqs,
+                 int num_heads, int num_kv_heads, int head_dim, int block_size, int table_stride,
+                 float scale, int is_bf16, int num_threads, int isa) {
+    decode_item_fn item = decode_item_baseline;
+#if defined(__x86_64__)
+    if (isa > best_isa()) return -1;
+    if (isa == 2) item = decode_item_avx512;
+    if (isa == 1) item = decode_item_avx2;
+#else
+    if (isa != 0) return -1;
+#endif
+    const struct decode_args a = {q,        key_cache, value_cache,  tables,  seq_lens,
+                                  out,      num_seqs,  num_heads,    num_kv_heads,
+                                  head_dim, block_size, table_stride, is_bf16, scale};
+    int max_len = 0;
+    for (int s = 0; s < num_seqs; s++) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
+    /* Enough items for about four per thread, never more than one per kv head. */
+    int chunks = (4 * num_threads + num_seqs - 1) / num_seqs;
+    chunks = chunks < 1 ? 1 : chunks > num_kv_heads ? num_kv_heads : chunks;
+    const int per_chunk = (num_kv_heads + chunks - 1) / chunks;
+    chunks = (num_kv_heads + per_chunk - 1) / per_chunk;
+    const int heads = per_chunk * (num_heads / num_kv_heads);
+    const size_t scratch_floats = (size_t)heads * max_len + 2 * (size_t)heads * head_dim;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+        float *scratch = malloc(sizeof(float) * scratch_floats);
+        failed |= scratch == NULL;
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < num_seqs * chunks; i++) {
+            const int h0 = (i % chunks) * per_chunk;
+            const int h1 = h0 + per_chunk < num_kv_heads ? h0 + per_chunk : num_kv_heads;
+            if (scratch != NULL) item(&a, i / chunks, h0, h1, scratch);
         }
-        for (int h = 0; h < num_heads; h++) {
-            float *p = scores + (int64_t)h * len;
-            float max = -INFINITY, sum = 0.0f;
-            for (int t = 0; t < len; t++) max = p[t] > max ? p[t] : max;
-            for (int t = 0; t < len; t++) {
-                p[t] = expf(p[t] - max);
-                sum += p[t];
-            }
-            const float inv = 1.0f / sum;
-            for (int t = 0; t < len; t++) p[t] *= inv;
-        }
-        memset(acc, 0, sizeof(acc));
-        for (int t = 0; t < len; t++) {
-            if (t + PREFETCH_AHEAD < len)
-                prefetch_row(value_cache, row_offset(table, t + PREFETCH_AHEAD, block_size, row_len),
-                             is_bf16, row_len);
-            load_row(value_cache, row_offset(table, t, block_size, row_len), is_bf16, row_len, row);
-            for (int h = 0; h < num_heads; h++) {
-                const float p = scores[(int64_t)h * len + t];
-                const float *vh = row + (h / group) * head_dim;
-                float *a = acc + h * head_dim;
-                for (int d = 0; d < head_dim; d++) a[d] += p * vh[d];
-            }
-        }
-        store_row(out, q_offset, is_bf16, num_heads * head_dim, acc);
+        free(scratch);
     }
+    return failed ? -2 : 0;
 }

@@ -1,9 +1,11 @@
-"""bf16 linear layers on a CPU with their weights prepacked once for oneDNN.
+"""Linear layers on a CPU with their weights prepacked once for oneDNN.
 
-torch's plain bf16 matmul re-lays the weight out on every call; oneDNN can keep it in
-its blocked layout (using AMX or AVX-512-bf16 where the CPU has them). Measured here on
-the model's shapes: bit-identical outputs, 1.1x-2x faster for the batch sizes of decode.
-fp32 stays on plain torch (packed fp32 rounds differently).
+torch's plain matmul re-lays a bf16 weight out on every call, and its float32 matmul
+goes to MKL, which on AMD CPUs takes a narrower code path; oneDNN keeps the weight in its
+blocked layout and dispatches on the CPU it runs on (AMX, AVX-512, AVX-512-BF16, AVX2).
+Measured on the 134M benchmark model's shapes (benchmarks/cpu-levers.md): bf16 is
+bit-identical to torch's and 1.1-2x faster at decode batch sizes; float32 is 2.2x faster
+on an AVX-512 EPYC and differs from MKL's in rounding only (accumulation order, ~1e-6).
 """
 
 import torch
@@ -16,10 +18,10 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
     mkldnn = torch.ops.mkldnn
     return (
         device.type == "cpu"
-        and dtype == torch.bfloat16
+        and dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available()
         and hasattr(mkldnn, "_linear_pointwise")
-        and bool(mkldnn._is_mkldnn_bf16_supported())
+        and (dtype == torch.float32 or bool(mkldnn._is_mkldnn_bf16_supported()))
     )
 
 
