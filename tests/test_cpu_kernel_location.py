@@ -1,4 +1,4 @@
-"""Where the CPU decode kernel's library lives, and what runs when there is none.
+"""Where the library of CPU kernels lives, and what runs when there is none.
 
 An image compiles the kernel at build time into ``KVSERVE_KERNEL_DIR`` and carries no
 compiler: the server must load that library, and say which attention backend it runs.
@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from kvserve.engine.attention import cpu_backend
+from kvserve.engine import cpu_library
 from kvserve.engine.attention.backend import select_backend
 from kvserve.engine.attention.cpu_backend import CPUAttention
 from kvserve.engine.attention.torch_backend import TorchAttention
@@ -25,23 +25,23 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C co
 @pytest.fixture
 def kernel_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("KVSERVE_KERNEL_DIR", str(tmp_path))
-    cpu_backend._library.cache_clear()
+    cpu_library.load.cache_clear()
     yield tmp_path
-    cpu_backend._library.cache_clear()
+    cpu_library.load.cache_clear()
 
 
 def without_compiler(monkeypatch) -> None:
     monkeypatch.setenv("CC", "kvserve-test-no-such-compiler")
-    cpu_backend._library.cache_clear()
+    cpu_library.load.cache_clear()
 
 
 def test_kernel_built_into_kernel_dir_loads_without_a_compiler(kernel_dir, monkeypatch):
-    assert cpu_backend.available()
-    assert [p.name for p in kernel_dir.iterdir()] == [cpu_backend.library_path().name]
+    assert cpu_library.available()
+    assert [p.name for p in kernel_dir.iterdir()] == [cpu_library.library_path().name]
     without_compiler(monkeypatch)
     kernel_dir.chmod(0o555)  # read-only, as in the image
     try:
-        assert cpu_backend.available()
+        assert cpu_library.available()
     finally:
         kernel_dir.chmod(0o755)
 
@@ -53,8 +53,8 @@ def test_no_library_and_no_compiler_takes_torch_and_says_so(kernel_dir, monkeypa
     assert type(backend) is TorchAttention
     messages = [r.getMessage() for r in caplog.records]
     assert messages == [
-        f"no C compiler found and no {cpu_backend.library_path()}: "
-        "CPU decode attention uses the torch path",
+        f"no C compiler found and no {cpu_library.library_path()}: "
+        "the CPU kernels' torch paths run",
         "attention backend: torch (cpu, requested auto)",
     ]
 
@@ -69,24 +69,24 @@ def test_select_backend_logs_the_cpu_kernel(kernel_dir, caplog):
 def test_one_library_serves_every_x86_64_cpu_and_picks_its_simd_path_at_run_time(kernel_dir):
     """No -march: an image's prebuilt kernel runs on whatever CPU its pod lands on, on the
     widest path that CPU has (the flags /proc/cpuinfo lists)."""
-    assert not [f for f in cpu_backend.FLAGS if f.startswith(("-march", "-mcpu", "-mtune"))]
+    assert not [f for f in cpu_library.FLAGS if f.startswith(("-march", "-mcpu", "-mtune"))]
     flags = cpu_flags()
     expected = ["baseline"]
     if {"avx2", "fma"} <= flags:
         expected.append("avx2")
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
         expected.append("avx512")
-    assert cpu_backend.supported_isas() == expected
+    assert cpu_library.supported_isas() == expected
     assert CPUAttention().isa == expected[-1]
-    assert cpu_backend.library_path().parent == kernel_dir
+    assert cpu_library.library_path().parent == kernel_dir
 
 
 def test_loading_the_kernel_keeps_subnormal_floats(kernel_dir):
     """-ffast-math at link time would add a constructor that flushes subnormals to zero in
     every thread of the process that loads the library (numpy, hypothesis, user code)."""
     code = (
-        "from kvserve.engine.attention import cpu_backend\n"
-        "assert cpu_backend.available()\n"
+        "from kvserve.engine import cpu_library\n"
+        "assert cpu_library.available()\n"
         "print(2.2250738585072014e-308 / 2 > 0)\n"
     )
     env = {**os.environ, "KVSERVE_KERNEL_DIR": str(kernel_dir)}

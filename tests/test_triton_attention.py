@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from cpu_paths import ISA_PARAMS
 from joined_outputs import JoinedOutputs
 
 from kvserve import SamplingParams
-from kvserve.engine.attention import cpu_backend
+from kvserve.engine import cpu_library
 from kvserve.engine.attention.backend import select_backend
 from kvserve.engine.attention.cpu_backend import CPUAttention
 from kvserve.engine.attention.metadata import AttentionMetadata
@@ -36,14 +37,8 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 POISON = 1e4  # what the padding entries of the block tables point at
 # The CPU decode kernel on each of its SIMD paths; the ones this CPU cannot run are skipped.
 CPU_PATHS = [
-    pytest.param(
-        functools.partial(CPUAttention, isa),
-        id=f"cpu-{isa}",
-        marks=pytest.mark.skipif(
-            isa not in cpu_backend.supported_isas(), reason=f"this CPU has no {isa}"
-        ),
-    )
-    for isa in cpu_backend.ISAS
+    pytest.param(functools.partial(CPUAttention, p.values[0]), id=f"cpu-{p.id}", marks=p.marks)
+    for p in ISA_PARAMS
 ]
 BACKENDS = [pytest.param(TritonAttention, id="triton"), *CPU_PATHS]
 
@@ -330,7 +325,7 @@ def test_select_backend(device, choice, expected):
 
 
 def test_select_backend_without_a_c_compiler_takes_torch(monkeypatch):
-    monkeypatch.setattr(cpu_backend, "available", lambda: False)
+    monkeypatch.setattr(cpu_library, "available", lambda: False)
     assert type(select_backend(torch.device("cpu"))) is TorchAttention
 
 

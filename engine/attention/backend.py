@@ -58,10 +58,10 @@ def _backend(device: torch.device, choice: str) -> AttentionBackend:
     if choice not in ATTENTION_BACKENDS:
         raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {choice!r}")
     if choice == "auto":
-        from kvserve.engine.attention import cpu_backend
+        from kvserve.engine import cpu_library
 
         choice = "triton" if device.type == "cuda" else "cpu"
-        if choice == "cpu" and not cpu_backend.available():
+        if choice == "cpu" and not cpu_library.available():
             choice = "torch"
     if choice == "triton":
         from kvserve.engine.attention.triton_backend import TritonAttention

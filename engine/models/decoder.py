@@ -6,11 +6,11 @@ tied embeddings. q/k/v and gate/up projections are fused into one matmul each.
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.attention.metadata import AttentionMetadata
+from kvserve.engine.models import fused_ops
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.models.rope import RotaryEmbedding
 
@@ -23,10 +23,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalised ``x``; with ``residual``, first ``residual += x`` in place and the
+        normalised sum (the residual stream's add fused into the norm)."""
+        return fused_ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 class Attention(nn.Module):
@@ -71,8 +71,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -83,9 +82,23 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(
+        self,
+        positions,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream is ``residual + hidden`` (``residual`` None: ``hidden``
+        alone); returns this layer's (hidden, residual), the stream being their sum again.
+        ``residual`` is updated in place."""
+        if residual is None:
+            residual, normed = hidden, self.input_layernorm(hidden)
+        else:
+            normed = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, normed, kv_cache, meta)
+        return self.mlp(self.post_attention_layernorm(hidden, residual)), residual
 
 
 class DecoderLM(nn.Module):
@@ -103,10 +116,10 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata):
-        hidden = self.embed_tokens(input_ids)
+        hidden, residual = self.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(positions, hidden, kv_cache, meta)
-        return hidden
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        return hidden if residual is None else residual + hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden)).float()

@@ -4,6 +4,7 @@ import math
 
 import torch
 
+from kvserve.engine.models import fused_ops
 from kvserve.engine.models.model_config import RopeConfig
 
 
@@ -42,11 +43,5 @@ class RotaryEmbedding(torch.nn.Module):
         self.cos_sin = torch.stack([angles.cos(), angles.sin()]).to(device=device, dtype=dtype)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos, sin = self.cos_sin[:, positions].unsqueeze(2)  # [T, 1, D] each
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+        """``q`` and ``k`` rotated; on a CPU in place (see ``fused_ops.rope``)."""
+        return fused_ops.rope(positions, q, k, self.cos_sin)

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 from k8s.support import CACHE
 
-from kvserve.engine.attention import cpu_backend
+from kvserve.engine import cpu_library
 from kvserve.server.cli import DEFAULT_MODEL
 
 IMAGE_TAR = CACHE / "images" / "kvserve-dev.tar"
@@ -125,9 +125,9 @@ def test_demo_model_is_the_servers_default_model(image):
         assert image.resolve(f"{DEMO}/{name}") in image.files, name
 
 
-def test_cpu_kernel_is_built_for_this_cpu_and_no_compiler_is_shipped(image, monkeypatch):
+def test_cpu_kernels_are_prebuilt_and_no_compiler_is_shipped(image, monkeypatch):
     monkeypatch.setenv("KVSERVE_KERNEL_DIR", KERNEL_DIR)
-    expected = cpu_backend.library_path().as_posix().lstrip("/")
+    expected = cpu_library.library_path().as_posix().lstrip("/")
     kernels = sorted(n for n in image.files if n.startswith("opt/kvserve/kernels/"))
     assert kernels == [expected]
     assert image.files[expected].data[:4] == b"\x7fELF"

@@ -8,14 +8,13 @@
  * The work items are (sequence, range of kv heads): whole sequences when there are enough
  * of them to keep every thread busy, else each sequence's heads split further. They run on
  * OpenMP threads: loaded into a torch process, this library shares torch's OpenMP runtime
- * (libgomp.so.1) and so its warm thread pool. The loops are compiled once per SIMD target
- * (cpu_decode_isa.h) and `isa` picks one at run time: 2 = AVX-512, 1 = AVX2 with FMA,
- * 0 = the compiler's baseline (SSE2 on x86-64); best_isa() is what this CPU runs.
+ * (libgomp.so.1) and so its warm thread pool. The loops (cpu_decode_isa.h) are compiled
+ * once per SIMD target (cpu_targets.h) and `isa` picks one at run time.
  */
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
+
+#include "cpu_common.h"
 
 struct decode_args {
     const void *q, *key_cache, *value_cache;
@@ -28,27 +27,6 @@ struct decode_args {
 /* Rows this many tokens ahead are requested early: measured ~30% faster here. */
 #define PREFETCH_AHEAD 4
 
-static inline float bf16_to_f32(uint16_t bits) {
-    uint32_t wide = (uint32_t)bits << 16;
-    float f;
-    memcpy(&f, &wide, sizeof f);
-    return f;
-}
-
-static inline float load(const void *base, int64_t i, int is_bf16) {
-    return is_bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
-}
-
-static inline void store(void *base, int64_t i, int is_bf16, float value) {
-    if (is_bf16) {
-        uint32_t bits;
-        memcpy(&bits, &value, sizeof bits); /* round to nearest even */
-        ((uint16_t *)base)[i] = (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-    } else {
-        ((float *)base)[i] = value;
-    }
-}
-
 static inline int64_t row_offset(const int32_t *table, int t, int block_size, int row_len) {
     return table[t / block_size] * (int64_t)row_len * block_size +
            (int64_t)(t % block_size) * row_len;
@@ -58,38 +36,10 @@ static inline void prefetch(const char *p, int64_t bytes) {
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
 }
 
-#if defined(__x86_64__)
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,prefer-vector-width=512")
-#define ISA avx512
-#include "cpu_decode_isa.h"
-#undef ISA
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#define ISA avx2
-#include "cpu_decode_isa.h"
-#undef ISA
-#pragma GCC pop_options
-#endif
-
-#define ISA baseline
-#include "cpu_decode_isa.h"
-#undef ISA
+#define ISA_BODY "cpu_decode_isa.h"
+#include "cpu_targets.h"
 
 typedef void (*decode_item_fn)(const struct decode_args *, int, int, int, float *);
-
-int best_isa(void) {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        return 2;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
-#endif
-    return 0;
-}
 
 /* 0 on success, -1 for an ISA this build or this CPU lacks, -2 if scratch memory ran out. */
 int paged_decode(const void *q, const void *key_cache, const void *value_cache,
@@ -99,10 +49,10 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
     decode_item_fn item = decode_item_baseline;
 #if defined(__x86_64__)
     if (isa > best_isa()) return -1;
-    if (isa == 2) item = decode_item_avx512;
-    if (isa == 1) item = decode_item_avx2;
+    if (isa == ISA_AVX512) item = decode_item_avx512;
+    if (isa == ISA_AVX2) item = decode_item_avx2;
 #else
-    if (isa != 0) return -1;
+    if (isa != ISA_BASELINE) return -1;
 #endif
     const struct decode_args a = {q,        key_cache, value_cache,  tables,  seq_lens,
                                   out,      num_seqs,  num_heads,    num_kv_heads,

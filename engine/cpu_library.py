@@ -1,0 +1,110 @@
+"""The project's C kernels for the CPU (``engine/csrc``), built into one shared library and
+loaded with ctypes (which drops the GIL while a kernel runs).
+
+The library is compiled with the system C compiler on first use (about a second) into a
+cache folder; ``KVSERVE_KERNEL_DIR`` names that folder instead: an image compiles it there
+at build time and needs no compiler at run time. It is the same on every x86-64 CPU: its
+loops are compiled for AVX-512, AVX2 and the baseline, and each call names the path to
+take (``ISAS``; the default is the widest this CPU runs). Its name is a hash of the sources
+and flags. Its kernels run on OpenMP threads: -fopenmp links libgomp.so.1, which in a torch
+process is torch's own, already loaded, so they share torch's warm thread pool. Without a
+library and without a compiler, ``load()`` is None and callers take their torch paths.
+"""
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).with_name("csrc")
+FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC"]
+# Linked in a second step without -ffast-math: linking with it adds gcc's crtfastmath.o,
+# whose constructor turns on flush-to-zero for the whole process when the library loads.
+# libmvec holds the vector expf that -ffast-math loops call.
+LINK = ["-shared", "-fopenmp"]
+LIBS = ["-lmvec", "-lm"]
+ISAS = {"baseline": 0, "avx2": 1, "avx512": 2}
+
+_P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
+SIGNATURES = {
+    "best_isa": [],
+    "paged_decode": [_P] * 6 + [_I] * 6 + [_F] + [_I] * 3,
+    "add_rms_norm": [_P] * 4 + [_I] * 2 + [_F] + [_I] * 3,
+    "silu_and_mul": [_P] * 2 + [_I] * 5,
+    "rope": [_P] * 4 + [_I] * 4 + [_L] * 2 + [_I] * 4,
+}
+
+
+def sources() -> list[Path]:
+    return sorted(CSRC.glob("*.[ch]"))
+
+
+def _cache_dir() -> Path:
+    if kernel_dir := os.environ.get("KVSERVE_KERNEL_DIR"):
+        return Path(kernel_dir)
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "kvserve"
+
+
+def library_path() -> Path:
+    key = hashlib.sha256()
+    for source in sources():
+        key.update(source.name.encode() + source.read_bytes())
+    key.update(" ".join(FLAGS + LINK + LIBS).encode())
+    return _cache_dir() / f"cpu_kernels-{key.hexdigest()[:16]}.so"
+
+
+def _build(target: Path, compiler: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objects = []
+        for source in sources():
+            if source.suffix == ".c":
+                objects.append(str(Path(tmp) / f"{source.stem}.o"))
+                subprocess.run([compiler, *FLAGS, "-c", str(source), "-o", objects[-1]], check=True)
+        built = Path(tmp) / target.name
+        subprocess.run([compiler, *LINK, *objects, "-o", str(built), *LIBS], check=True)
+        built.replace(target)  # atomic: concurrent builders never load half a file
+    log.info("compiled the CPU kernels into %s", target)
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The library, built first if needed; None where it cannot be (no compiler)."""
+    import torch  # noqa: F401  (its libgomp.so.1 must be loaded first, to be shared)
+
+    target = library_path()
+    if not target.exists():
+        compiler = shutil.which(os.environ.get("CC", "cc"))
+        if compiler is None:
+            log.warning("no C compiler found and no %s: the CPU kernels' torch paths run", target)
+            return None
+        _build(target, compiler)
+    lib = ctypes.CDLL(str(target))
+    for name, argtypes in SIGNATURES.items():
+        function = getattr(lib, name)
+        function.restype, function.argtypes = ctypes.c_int, argtypes
+    return lib
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def supported_isas() -> list[str]:
+    """The SIMD paths this CPU can run, narrowest first (none without a library)."""
+    lib = load()
+    best = lib.best_isa() if lib is not None else -1
+    return [name for name, level in ISAS.items() if level <= best]
+
+
+def check(status: int, kernel: str, isa: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{kernel} failed ({status}) on the {isa} path")

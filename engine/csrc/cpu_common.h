@@ -1,0 +1,44 @@
+/* Helpers shared by the CPU kernels: element access for float32 or bfloat16 tensors
+ * (is_bf16), and the ISA numbering that Python's cpu_library.ISAS mirrors. */
+#ifndef KVSERVE_CPU_COMMON_H
+#define KVSERVE_CPU_COMMON_H
+#include <stdint.h>
+#include <string.h>
+
+#define ISA_BASELINE 0
+#define ISA_AVX2 1
+#define ISA_AVX512 2
+
+static inline float bf16_to_f32(uint16_t bits) {
+    uint32_t wide = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &wide, sizeof f);
+    return f;
+}
+
+/* Round to nearest even, as torch converts float32 to bfloat16 (NaN stays NaN). */
+static inline uint16_t f32_to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((bits >> 16) | 0x40);
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+/* A value as the tensor's dtype would hold it: float32 unchanged, else rounded to bf16. */
+static inline float round_to(float value, int is_bf16) {
+    return is_bf16 ? bf16_to_f32(f32_to_bf16(value)) : value;
+}
+
+static inline float load(const void *base, int64_t i, int is_bf16) {
+    return is_bf16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+static inline void store(void *base, int64_t i, int is_bf16, float value) {
+    if (is_bf16)
+        ((uint16_t *)base)[i] = f32_to_bf16(value);
+    else
+        ((float *)base)[i] = value;
+}
+
+int best_isa(void);
+#endif

@@ -1,0 +1,151 @@
+"""The decoder's elementwise ops: RMSNorm (with the residual add before it), SiLU-and-mul
+and RoPE. On a CPU each is one pass of the C kernels in ``csrc/cpu_fused.c``; elsewhere, or
+for a layout the kernels do not take, the torch expressions below run (the reference the
+kernels are tested against: float32 equal to rounding, bf16 within one unit in the last
+place). ``isa`` picks the kernels' SIMD path (default: the widest this CPU runs)."""
+
+import torch
+import torch.nn.functional as F
+
+from kvserve.engine import cpu_library
+
+DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def _kernels(*tensors: torch.Tensor):
+    """The C library if it serves these tensors (CPU, float32 or bf16, one dtype)."""
+    first = tensors[0]
+    if first.device.type != "cpu" or first.dtype not in DTYPES:
+        return None
+    if any(t.dtype != first.dtype or t.device != first.device for t in tensors):
+        return None
+    return cpu_library.load()
+
+
+def _isa(isa: str | None) -> str:
+    return isa or cpu_library.supported_isas()[-1]
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    isa: str | None = None,
+) -> torch.Tensor:
+    """``weight * rmsnorm(residual + x)`` over the last dimension, where ``residual`` (if
+    given) is updated in place to ``residual + x`` (in its dtype) first; else of ``x``."""
+    inputs = (x, weight) if residual is None else (x, weight, residual)
+    lib = _kernels(*inputs)
+    if lib is None or not all(t.is_contiguous() for t in inputs):
+        return rms_norm_reference(x, weight, eps, residual)
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    isa = _isa(isa)
+    status = lib.add_rms_norm(
+        x.data_ptr(),
+        None if residual is None else residual.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        x.numel() // n,
+        n,
+        eps,
+        DTYPES[x.dtype],
+        torch.get_num_threads(),
+        cpu_library.ISAS[isa],
+    )
+    cpu_library.check(status, "add_rms_norm", isa)
+    return out
+
+
+def silu_and_mul(gate_up: torch.Tensor, isa: str | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up = [gate | up]`` along the last dimension."""
+    lib = _kernels(gate_up)
+    if lib is None or not gate_up.is_contiguous():
+        return silu_and_mul_reference(gate_up)
+    n = gate_up.shape[-1] // 2
+    out = gate_up.new_empty((*gate_up.shape[:-1], n))
+    isa = _isa(isa)
+    status = lib.silu_and_mul(
+        gate_up.data_ptr(),
+        out.data_ptr(),
+        gate_up.numel() // (2 * n),
+        n,
+        DTYPES[gate_up.dtype],
+        torch.get_num_threads(),
+        cpu_library.ISAS[isa],
+    )
+    cpu_library.check(status, "silu_and_mul", isa)
+    return out
+
+
+def _rows_of_heads(x: torch.Tensor) -> bool:
+    """``[tokens, heads, head_dim]`` with each token's heads packed in one strided row."""
+    return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
+def rope(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin: torch.Tensor,
+    isa: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` and ``k`` ``[tokens, heads, head_dim]`` rotated by ``positions`` (half-split
+    layout) with ``cos_sin`` ``[2, max_positions, head_dim]``. The kernels rotate in place
+    and return the same tensors; the torch path returns new ones."""
+    lib = _kernels(q, k, cos_sin)
+    if (
+        lib is None
+        or positions.dtype != torch.int64
+        or not (positions.is_contiguous() and cos_sin.is_contiguous())
+        or not (_rows_of_heads(q) and _rows_of_heads(k))
+    ):
+        return rope_reference(positions, q, k, cos_sin)
+    isa = _isa(isa)
+    status = lib.rope(
+        q.data_ptr(),
+        k.data_ptr(),
+        positions.data_ptr(),
+        cos_sin.data_ptr(),
+        q.shape[0],
+        q.shape[1],
+        k.shape[1],
+        q.shape[2],
+        q.stride(0),
+        k.stride(0),
+        cos_sin.shape[1],
+        DTYPES[q.dtype],
+        torch.get_num_threads(),
+        cpu_library.ISAS[isa],
+    )
+    cpu_library.check(status, "rope", isa)
+    return q, k
+
+
+def rms_norm_reference(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    if residual is not None:
+        x = residual.add_(x)
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rope_reference(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = cos_sin[:, positions].unsqueeze(2)  # [T, 1, D] each
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
