@@ -66,6 +66,11 @@ class Shutdown:
 EngineCommand = AddRequest | AbortRequest | Shutdown
 
 
+def _put_each(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for stream, item in items:
+        stream.put_nowait(item)
+
+
 class AsyncLLM:
     def __init__(self, engine: LLMEngine, observer: StepObserver | None = None) -> None:
         self.engine = engine
@@ -240,14 +245,18 @@ class AsyncLLM:
                     continue
                 outputs = self.engine.step()
                 self._observe(outputs)
+                delivered = []
                 for output in outputs:
                     stream = self._streams.get(output.request_id)
                     if stream is None:
                         continue
-                    self._deliver(stream, output)
+                    delivered.append((stream, output))
                     if output.finished:
                         del self._streams[output.request_id]
                         self.num_unfinished -= 1
+                if delivered:
+                    assert self._loop is not None
+                    self._loop.call_soon_threadsafe(_put_each, delivered)
             self._stop()
         except BaseException as exc:
             log.critical("the engine loop stopped; this server can serve no request", exc_info=exc)

@@ -225,6 +225,30 @@ def test_cpu_decode_splits_the_heads_of_few_sequences_across_threads(seed, num_s
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("backend", CPU_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cpu_prefill_of_long_chunks_on_several_threads_matches_torch(seed, dtype, backend):
+    """Chunks of several query tiles (32 tokens) and key tiles (16), one after a cached
+    prefix that shares its first blocks with a decoding sequence, a whole prompt ending
+    mid-tile, next to decodes; GQA 2; 2 and 3 threads share the work items."""
+    batch = make_batch(
+        [1, 150, 77, 1, 33],
+        [90, 150, 300, 5, 33],
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=64,
+        dtype=dtype,
+        shared={2: (0, 5)},
+    )
+    threads = torch.get_num_threads()
+    try:
+        for n in (2, 3):
+            torch.set_num_threads(n)
+            check_attention(batch, seed, backend)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "block_size"),

@@ -44,11 +44,18 @@ class TorchAttention(AttentionBackend):
             rows = torch.tensor([starts[i] for i in decodes], device=query.device)
             decoded = self._decode(query[rows], key_cache, value_cache, meta, decodes, scale)
             out.index_copy_(0, rows, decoded)
-        for i, q_len in enumerate(meta.query_lens_host):
-            if q_len > 1:
-                span = slice(starts[i], starts[i + 1])
-                out[span] = self._prefill(query[span], key_cache, value_cache, meta, i, scale)
+        chunks = [i for i, q_len in enumerate(meta.query_lens_host) if q_len > 1]
+        self._prefill_chunks(query, out, key_cache, value_cache, meta, chunks, starts, scale)
         return out
+
+    def _prefill_chunks(
+        self, query, out, key_cache, value_cache, meta, seqs: list[int], starts, scale: float
+    ) -> None:
+        """Write the attention of sequences ``seqs`` (chunks longer than one token, rows
+        ``starts[i]:starts[i + 1]`` of ``query``) into the same rows of ``out``."""
+        for i in seqs:
+            span = slice(starts[i], starts[i + 1])
+            out[span] = self._prefill(query[span], key_cache, value_cache, meta, i, scale)
 
     def _decode(self, query, key_cache, value_cache, meta, seqs: list[int], scale: float):
         index = torch.tensor(seqs)

@@ -40,5 +40,12 @@ static inline void store(void *base, int64_t i, int is_bf16, float value) {
         ((float *)base)[i] = value;
 }
 
+/* Sixteen floats as one GCC vector: one zmm register on AVX-512, two ymm on AVX2, four xmm
+ * on the baseline. Unaligned loads and stores go through memcpy (macros, not functions: a
+ * v16 passed by value would have a different ABI on each target). */
+typedef float v16 __attribute__((vector_size(64)));
+#define LOAD16(v, p) memcpy(&(v), (p), sizeof(v16))
+#define STORE16(p, v) memcpy((p), &(v), sizeof(v16))
+
 int best_isa(void);
 #endif

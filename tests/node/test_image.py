@@ -3,7 +3,8 @@
 The pods need: a numeric non-root user (runAsNonRoot checks it without /etc/passwd), HOME on
 the /tmp emptyDir (the root filesystem is read-only), the demo model at the path the README
 and the samples name, and the CPU kernels' library prebuilt (for every x86-64 CPU: it picks
-its SIMD path at run time), because the image has no compiler. KVSERVE_SKIP_E2E=1 skips these tests, as the scenarios.
+its SIMD path at run time), because the image has no compiler. KVSERVE_SKIP_E2E=1 skips
+these tests, as the scenarios.
 """
 
 import hashlib
