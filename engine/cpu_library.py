@@ -65,11 +65,16 @@ def library_path() -> Path:
 def _build(target: Path, compiler: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        objects = []
-        for source in sources():
-            if source.suffix == ".c":
-                objects.append(str(Path(tmp) / f"{source.stem}.o"))
-                subprocess.run([compiler, *FLAGS, "-c", str(source), "-o", objects[-1]], check=True)
+        units = [s for s in sources() if s.suffix == ".c"]
+        objects = [str(Path(tmp) / f"{unit.stem}.o") for unit in units]
+        compiles = [  # at once: a cold start waits for the slowest file only
+            subprocess.Popen([compiler, *FLAGS, "-c", str(unit), "-o", obj])
+            for unit, obj in zip(units, objects, strict=True)
+        ]
+        codes = [process.wait() for process in compiles]
+        for unit, code in zip(units, codes, strict=True):
+            if code != 0:
+                raise subprocess.CalledProcessError(code, f"{compiler} -c {unit}")
         built = Path(tmp) / target.name
         subprocess.run([compiler, *LINK, *objects, "-o", str(built), *LIBS], check=True)
         built.replace(target)  # atomic: concurrent builders never load half a file
