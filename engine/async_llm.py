@@ -6,6 +6,10 @@ it. The event loop hands commands over through a thread-safe queue (``AddRequest
 thread hands each request's outputs back to that request's ``asyncio.Queue`` with
 ``call_soon_threadsafe``. So an HTTP handler never waits on a model step, and a step
 never waits on HTTP. With no unfinished request the thread sleeps on an event.
+
+Each step's outputs cross to the event loop in one ``call_soon_threadsafe`` (one wake-up of
+the loop per step, not one per request). Build the engine with ``build_engine``: the torch
+work of loading and warm-up must not leave an OpenMP team on a thread that outlives it.
 """
 
 import asyncio
@@ -13,10 +17,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import EngineDeadError, LLMEngine
 from kvserve.engine.outputs import RequestOutput
 from kvserve.engine.sampling_params import SamplingParams
@@ -64,6 +69,37 @@ class Shutdown:
 
 
 EngineCommand = AddRequest | AbortRequest | Shutdown
+
+
+def build_engine(
+    config: EngineConfig, progress: Callable[[int, int], None] | None = None
+) -> LLMEngine:
+    """An ``LLMEngine`` for an ``AsyncLLM``, built on a thread of its own that ends once the
+    engine is built (its errors are raised here).
+
+    GNU OpenMP, torch's CPU threads, keeps a team of worker threads for each thread that ran
+    a parallel op, for as long as that thread lives, and once a process has more OpenMP
+    threads than CPUs it cuts every team's spin-wait from 300,000 spins to 100: the workers
+    then sleep between the ops of a step and each op waits for their wake-up. Built on the
+    main thread, the engine left such a team there beside the engine thread's own, and
+    served decode steps took ~20% longer (benchmarks/cpu-levers.md, "Item 3"). A thread
+    that ends frees its team.
+    """
+    built: dict[str, LLMEngine] = {}
+    failed: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            built["engine"] = LLMEngine(config, progress)
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=build, name="kvserve-engine-build", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return built["engine"]
 
 
 def _put_each(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

@@ -8,7 +8,7 @@ import sys
 
 from aiohttp import web
 
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.engine.async_llm import AsyncLLM, build_engine
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.server.app import build_app
 from kvserve.server.cli import engine_config
@@ -47,7 +47,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         config = engine_config(args)
-        engine = LLMEngine(config, LoadProgress())
+        engine = build_engine(config, LoadProgress())
     except (ValueError, OSError) as exc:
         log.error("cannot load the model: %s", exc)
         return 2

@@ -6,7 +6,7 @@ import time
 import pytest
 from joined_outputs import JoinedOutputs
 
-from kvserve.engine.async_llm import AsyncLLM
+from kvserve.engine.async_llm import AsyncLLM, build_engine
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.sampling_params import SamplingParams
@@ -102,3 +102,59 @@ def test_concurrent_requests_each_get_their_own_stream(engine):
 
     for i, ids in enumerate(_run(engine, body)):
         assert ids == [f"r{i}"] * 12
+
+
+class HandoffCountingLoop(asyncio.SelectorEventLoop):
+    """An event loop that counts the callbacks other threads hand it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handoffs = 0
+
+    def call_soon_threadsafe(self, callback, *args, context=None):
+        self.handoffs += 1
+        return super().call_soon_threadsafe(callback, *args, context=context)
+
+
+class StepsWithOutputs:
+    def __init__(self) -> None:
+        self.steps = self.outputs = 0
+
+    def on_step(self, stats, outputs) -> None:
+        if outputs:
+            self.steps += 1
+            self.outputs += len(outputs)
+
+    def on_abort(self, request_id: str) -> None:
+        pass
+
+    def on_engine_dead(self, stats, num_failed: int) -> None:
+        pass
+
+
+def test_each_steps_outputs_reach_the_event_loop_in_one_handoff(engine):
+    """One wake-up of the event loop per step (plus one per accepted add), however many
+    requests the step ran."""
+    observer = StepsWithOutputs()
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+    async def main():
+        llm = AsyncLLM(engine, observer)
+        llm.start()
+        try:
+            streams = [await llm.add_request(f"r{i}", "def f(x):", params) for i in range(4)]
+            return [[out async for out in stream] for stream in streams]
+        finally:
+            llm.shutdown()
+
+    with asyncio.Runner(loop_factory=HandoffCountingLoop) as runner:
+        results = runner.run(main())
+        handoffs = runner.get_loop().handoffs
+    assert [len(outputs) for outputs in results] == [5, 5, 5, 5]
+    assert observer.outputs == 20 > observer.steps
+    assert handoffs == 4 + observer.steps
+
+
+def test_build_engine_raises_what_building_the_engine_raised(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"^no config\.json in model directory "):
+        build_engine(EngineConfig(model=str(tmp_path)))
