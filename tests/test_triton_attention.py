@@ -228,7 +228,7 @@ def test_cpu_decode_splits_the_heads_of_few_sequences_across_threads(seed, num_s
 @pytest.mark.parametrize("backend", CPU_PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_cpu_prefill_of_long_chunks_on_several_threads_matches_torch(seed, dtype, backend):
-    """Chunks of several query tiles (32 tokens) and key tiles (16), one after a cached
+    """Chunks of several query tiles (64 tokens) and key tiles (16), one after a cached
     prefix that shares its first blocks with a decoding sequence, a whole prompt ending
     mid-tile, next to decodes; GQA 2; 2 and 3 threads share the work items."""
     batch = make_batch(

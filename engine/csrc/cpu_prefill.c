@@ -20,7 +20,7 @@
 #include "cpu_common.h"
 
 #define KEY_TILE 16
-#define QUERY_TILE 32
+#define QUERY_TILE 64
 #define ROW_BLOCK 8
 
 struct prefill_args {
