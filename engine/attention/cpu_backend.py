@@ -28,75 +28,65 @@ class CPUAttention(TorchAttention):
     def _decode(self, query, key_cache, value_cache, meta, seqs: list[int], scale: float):
         if query.dtype not in DTYPES or key_cache.device.type != "cpu":
             return super()._decode(query, key_cache, value_cache, meta, seqs, scale)
-        lib = cpu_library.load()
-        assert lib is not None  # chosen only where cpu_library.available()
-        if len(seqs) == meta.num_seqs:
-            tables, seq_lens = meta.block_tables, meta.seq_lens
-        else:
-            index = torch.tensor(seqs)
-            tables, seq_lens = meta.block_tables[index], meta.seq_lens[index]
-        tables = tables.to(torch.int32).contiguous()
-        seq_lens = seq_lens.to(torch.int32).contiguous()
+        tables, seq_lens = _sequences(meta, seqs)
         query = query.contiguous()
         out = torch.empty_like(query)
-        _, num_heads, head_dim = query.shape
-        status = lib.paged_decode(
-            query.data_ptr(),
-            key_cache.data_ptr(),
-            value_cache.data_ptr(),
-            tables.data_ptr(),
-            seq_lens.data_ptr(),
-            out.data_ptr(),
+        self._run(
+            "paged_decode",
+            *_pointers(query, key_cache, value_cache, tables, seq_lens, out),
             len(seqs),
-            num_heads,
-            key_cache.shape[2],
-            head_dim,
-            key_cache.shape[1],
-            tables.shape[1],
+            *_geometry(query, key_cache, tables),
             scale,
             DTYPES[query.dtype],
-            torch.get_num_threads(),
-            cpu_library.ISAS[self.isa],
         )
-        cpu_library.check(status, "paged_decode", self.isa)
         return out
 
     def _prefill_chunks(
         self, query, out, key_cache, value_cache, meta, seqs: list[int], starts, scale: float
     ) -> None:
-        head_dim = query.shape[2]
-        if query.dtype not in DTYPES or key_cache.device.type != "cpu" or head_dim % 16:
+        if query.dtype not in DTYPES or key_cache.device.type != "cpu" or query.shape[2] % 16:
             super()._prefill_chunks(query, out, key_cache, value_cache, meta, seqs, starts, scale)
             return
         if not seqs:
             return
-        lib = cpu_library.load()
-        assert lib is not None  # chosen only where cpu_library.available()
-        index = torch.tensor(seqs)
-        tables = meta.block_tables[index].to(torch.int32).contiguous()
-        seq_lens = meta.seq_lens[index].to(torch.int32).contiguous()
+        tables, seq_lens = _sequences(meta, seqs)
         query_starts = torch.tensor([starts[i] for i in seqs], dtype=torch.int32)
         query_lens = torch.tensor([meta.query_lens_host[i] for i in seqs], dtype=torch.int32)
         query = query.contiguous()
         assert out.is_contiguous()
-        status = lib.paged_prefill(
-            query.data_ptr(),
-            key_cache.data_ptr(),
-            value_cache.data_ptr(),
-            tables.data_ptr(),
-            seq_lens.data_ptr(),
-            query_starts.data_ptr(),
-            query_lens.data_ptr(),
+        self._run(
+            "paged_prefill",
+            *_pointers(query, key_cache, value_cache, tables, seq_lens, query_starts, query_lens),
             out.data_ptr(),
             len(seqs),
-            query.shape[1],
-            key_cache.shape[2],
-            head_dim,
-            key_cache.shape[1],
-            tables.shape[1],
+            *_geometry(query, key_cache, tables),
             scale,
             DTYPES[query.dtype],
-            torch.get_num_threads(),
-            cpu_library.ISAS[self.isa],
         )
-        cpu_library.check(status, "paged_prefill", self.isa)
+
+    def _run(self, kernel: str, *args) -> None:
+        """C kernel ``kernel`` on ``args``, then torch's thread count and this SIMD path."""
+        lib = cpu_library.load()
+        assert lib is not None  # chosen only where cpu_library.available()
+        status = getattr(lib, kernel)(*args, torch.get_num_threads(), cpu_library.ISAS[self.isa])
+        cpu_library.check(status, kernel, self.isa)
+
+
+def _sequences(meta, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block tables and lengths of sequences ``seqs``, as the kernels take them."""
+    if len(seqs) == meta.num_seqs:
+        tables, seq_lens = meta.block_tables, meta.seq_lens
+    else:
+        index = torch.tensor(seqs)
+        tables, seq_lens = meta.block_tables[index], meta.seq_lens[index]
+    return tables.to(torch.int32).contiguous(), seq_lens.to(torch.int32).contiguous()
+
+
+def _pointers(*tensors: torch.Tensor) -> list[int]:
+    return [t.data_ptr() for t in tensors]
+
+
+def _geometry(query, key_cache, tables) -> tuple[int, ...]:
+    """num_heads, num_kv_heads, head_dim, block_size, table_stride."""
+    _, num_heads, head_dim = query.shape
+    return num_heads, key_cache.shape[2], head_dim, key_cache.shape[1], tables.shape[1]
