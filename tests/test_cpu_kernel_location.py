@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,6 +81,17 @@ def test_one_library_serves_every_x86_64_cpu_and_picks_its_simd_path_at_run_time
     assert cpu_library.supported_isas() == expected
     assert CPUAttention().isa == expected[-1]
     assert cpu_library.library_path().parent == kernel_dir
+
+
+def test_an_installed_kvserve_carries_every_kernel_source():
+    """A regular (not editable) install, as the image's, compiles from the installed copy:
+    the package data must name every file the library is built from."""
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["kvserve.engine"]
+    shipped = {path for pattern in globs for path in (root / "engine").glob(pattern)}
+    sources = {path.resolve() for path in cpu_library.sources()}
+    assert sources and sources <= {path.resolve() for path in shipped}
 
 
 def test_loading_the_kernel_keeps_subnormal_floats(kernel_dir):
