@@ -252,9 +252,16 @@ def test_the_hpa_controller_scales_on_the_served_queue_depth(
                 _ready(plane, ns, pod.metadata.name)
         return apps.read_namespaced_deployment("demo", ns).spec.replicas
 
+    def hpa_status() -> dict:
+        return kube.get("autoscaling/v2beta2", "HorizontalPodAutoscaler", ns, "demo")["status"]
+
     pod_metrics.set(4)  # 4 waiting on one pod, target 1 per pod: 4 wanted, at most 3
     wait_for(lambda: replicas_once_ready() == 3, "the HPA to scale up to 3", timeout=90)
-    status = kube.get("autoscaling/v2beta2", "HorizontalPodAutoscaler", ns, "demo")["status"]
+    # The controller writes the scale before its status, and a sync that found the new pods
+    # without metrics yet writes no currentMetrics: the status catches up a sync later.
+    status = wait_for(
+        lambda: (s := hpa_status()).get("currentMetrics") and s, "the HPA's metrics", timeout=60
+    )
     assert status["currentMetrics"] == [
         {
             "type": "Pods",
