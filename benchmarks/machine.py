@@ -3,11 +3,12 @@ rate, and a description (CPU model, cores, load) for the results file."""
 
 import os
 import platform
-import subprocess
 import time
 from pathlib import Path
 
 import torch
+
+from kvserve.engine import cpu_features
 
 
 def _best_seconds(fn, repeats: int) -> float:
@@ -42,22 +43,12 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def lscpu() -> dict[str, str]:
-    """`lscpu`'s fields by name ("Model name", "Flags", ...)."""
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.splitlines())}
-
-
-def lscpu_model() -> str:
-    return lscpu().get("Model name", "unknown")
-
-
 def cpu_flags(
     names: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"),
 ) -> str:
-    """Which of the flags that pick the kernels (`names`) `lscpu` lists, e.g.
+    """Which of the flags that pick the kernels and the dtype (`names`) this CPU has, e.g.
     "avx2 yes, avx512f no, ..."."""
-    have = set(lscpu().get("Flags", "").split())
+    have = cpu_features.cpu_flags()
     return ", ".join(f"{name} {'yes' if name in have else 'no'}" for name in names)
 
 

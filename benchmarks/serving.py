@@ -42,7 +42,7 @@ from pathlib import Path
 import aiohttp
 import torch
 from checkpoint import MAX_POSITIONS, VOCAB_SIZE, build_checkpoint
-from machine import cpu_flags, describe, loadavg, lscpu_model
+from machine import cpu_flags, cpu_model, describe, loadavg
 from server_launch import command, environment, free_port, spawn, stop, vllm_version, wait_ready
 from serving_client import Record, prefix_cache_counts, stream_completion
 from serving_report import Slo, Summary, plot, summarize, workload_table
@@ -363,7 +363,7 @@ def report(
         "",
         f"Command: `python benchmarks/serving.py {' '.join(sys.argv[1:])}`",
         "",
-        f"- CPU: {lscpu_model()} (lscpu), {os.cpu_count()} CPUs; flags: {cpu_flags()}",
+        f"- CPU: {cpu_model()}, {os.cpu_count()} CPUs; flags: {cpu_flags()}",
         f"- /proc/loadavg before: {header['load_before']}; after: {loadavg()}",
         f"- Versions: {header['versions']}",
         f"- Model: {header['model']}",
@@ -418,7 +418,7 @@ def main() -> None:
     chosen = workloads(args)
     load_before = loadavg()
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    print(f"CPU: {lscpu_model()}, {os.cpu_count()} CPUs; /proc/loadavg: {load_before}")
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; /proc/loadavg: {load_before}")
     workdir = Path(tempfile.mkdtemp(prefix="kvserve-serving-"))
     model = args.model
     if model is None and (args.kvserve or args.vllm):
@@ -453,7 +453,7 @@ def main() -> None:
     text = report(args, targets, summaries, chosen, header)
     args.out.write_text(text)
     stem = args.out.with_suffix("")
-    title = f"{lscpu_model()}, {os.cpu_count()} CPUs" + (
+    title = f"{cpu_model()}, {os.cpu_count()} CPUs" + (
         f", {args.dtype}" if args.kvserve or args.vllm else ""
     )
     plot(summaries, Path(f"{stem}-latency.png"), Path(f"{stem}-throughput.png"), title)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 from checkpoint import build_checkpoint
-from machine import loadavg, lscpu_model
+from machine import cpu_model, loadavg
 from server_launch import (
     SERVERS,
     command,
@@ -167,7 +167,7 @@ def main() -> None:
     servers = [s for s in SERVERS if s == "kvserve" or args.vllm]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = loadavg()
-    print(f"CPU: {lscpu_model()}, {os.cpu_count()} CPUs; /proc/loadavg: {load_before}")
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; /proc/loadavg: {load_before}")
     workdir = Path(tempfile.mkdtemp(prefix="kvserve-startup-"))
     models = {"demo": DEMO_MODEL}
     if "134m" in args.models:
@@ -191,7 +191,7 @@ def main() -> None:
         "",
         f"Command: `python benchmarks/startup.py {' '.join(sys.argv[1:])}`",
         "",
-        f"Machine: {lscpu_model()} (lscpu), {os.cpu_count()} CPUs.",
+        f"Machine: {cpu_model()}, {os.cpu_count()} CPUs.",
         f"/proc/loadavg before: {load_before}; after: {loadavg()}.",
         "kvserve: `kvserve serve --dtype float32` (defaults otherwise). vLLM: "
         + (

@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -85,21 +86,8 @@ def build_engine(
     served decode steps took ~20% longer (benchmarks/cpu-levers.md, "Item 3"). A thread
     that ends frees its team.
     """
-    built: dict[str, LLMEngine] = {}
-    failed: list[BaseException] = []
-
-    def build() -> None:
-        try:
-            built["engine"] = LLMEngine(config, progress)
-        except BaseException as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=build, name="kvserve-engine-build", daemon=True)
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-    return built["engine"]
+    with ThreadPoolExecutor(1, thread_name_prefix="kvserve-engine-build") as builder:
+        return builder.submit(LLMEngine, config, progress).result()
 
 
 def _put_each(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

@@ -104,6 +104,12 @@ def available() -> bool:
     return load() is not None
 
 
+@functools.cache
+def default_isa() -> str:
+    """The widest SIMD path this CPU runs, asked once; only where ``available()``."""
+    return supported_isas()[-1]
+
+
 def supported_isas() -> list[str]:
     """The SIMD paths this CPU can run, narrowest first (none without a library)."""
     lib = load()

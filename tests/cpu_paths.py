@@ -1,6 +1,11 @@
-"""The CPU kernels' SIMD paths as pytest parameters; those this CPU cannot run are skipped."""
+"""The CPU kernels' SIMD paths as pytest parameters (those this CPU cannot run are
+skipped), and torch's thread count set for a while."""
+
+import contextlib
+from collections.abc import Iterator
 
 import pytest
+import torch
 
 from kvserve.engine import cpu_library
 
@@ -14,3 +19,14 @@ ISA_PARAMS = [
     )
     for isa in cpu_library.ISAS
 ]
+
+
+@contextlib.contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads (and so the kernels' OpenMP threads) set to ``n``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

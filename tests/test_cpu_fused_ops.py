@@ -3,7 +3,7 @@ torch expressions they replace, on each SIMD path this CPU has and on several th
 
 import pytest
 import torch
-from cpu_paths import ISA_PARAMS
+from cpu_paths import ISA_PARAMS, num_threads
 
 from kvserve.engine.models import fused_ops
 from kvserve.engine.models.model_config import RopeConfig
@@ -14,10 +14,8 @@ DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, i
 
 @pytest.fixture(params=[1, 3], ids=["1-thread", "3-threads"])
 def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
+    with num_threads(request.param):
+        yield request.param
 
 
 def assert_close(got: torch.Tensor, expected: torch.Tensor) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from cpu_paths import ISA_PARAMS
+from cpu_paths import ISA_PARAMS, num_threads
 from joined_outputs import JoinedOutputs
 
 from kvserve import SamplingParams
@@ -216,13 +216,9 @@ def test_cpu_decode_splits_the_heads_of_few_sequences_across_threads(seed, num_s
         head_dim=64,
         dtype=torch.bfloat16,
     )
-    threads = torch.get_num_threads()
-    try:
-        for n in (2, 3, 4):
-            torch.set_num_threads(n)
+    for n in (2, 3, 4):
+        with num_threads(n):
             check_attention(batch, seed, backend)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("backend", CPU_PATHS)
@@ -240,13 +236,9 @@ def test_cpu_prefill_of_long_chunks_on_several_threads_matches_torch(seed, dtype
         dtype=dtype,
         shared={2: (0, 5)},
     )
-    threads = torch.get_num_threads()
-    try:
-        for n in (2, 3):
-            torch.set_num_threads(n)
+    for n in (2, 3):
+        with num_threads(n):
             check_attention(batch, seed, backend)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

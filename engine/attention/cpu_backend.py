@@ -23,7 +23,7 @@ class CPUAttention(TorchAttention):
     name = "cpu"
 
     def __init__(self, isa: str | None = None) -> None:
-        self.isa = isa or cpu_library.supported_isas()[-1]
+        self.isa = isa or cpu_library.default_isa()
 
     def _decode(self, query, key_cache, value_cache, meta, seqs: list[int], scale: float):
         if query.dtype not in DTYPES or key_cache.device.type != "cpu":

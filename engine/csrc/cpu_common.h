@@ -47,5 +47,15 @@ typedef float v16 __attribute__((vector_size(64)));
 #define LOAD16(v, p) memcpy(&(v), (p), sizeof(v16))
 #define STORE16(p, v) memcpy((p), &(v), sizeof(v16))
 
+/* The element offset of token t's row (row_len elements: every kv head) in a paged cache
+ * [num_blocks, block_size, row_len], through its sequence's block table. */
+static inline int64_t row_offset(const int32_t *table, int t, int block_size, int row_len) {
+    return table[t / block_size] * (int64_t)row_len * block_size +
+           (int64_t)(t % block_size) * row_len;
+}
+
 int best_isa(void);
+
+/* Whether this build and this CPU run `isa` (best_isa() is the baseline off x86-64). */
+static inline int isa_usable(int isa) { return isa >= ISA_BASELINE && isa <= best_isa(); }
 #endif

@@ -27,11 +27,6 @@ struct decode_args {
 /* Rows this many tokens ahead are requested early: measured ~30% faster here. */
 #define PREFETCH_AHEAD 4
 
-static inline int64_t row_offset(const int32_t *table, int t, int block_size, int row_len) {
-    return table[t / block_size] * (int64_t)row_len * block_size +
-           (int64_t)(t % block_size) * row_len;
-}
-
 static inline void prefetch(const char *p, int64_t bytes) {
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
 }
@@ -46,14 +41,8 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
                  const int32_t *tables, const int32_t *seq_lens, void *out, int num_seqs,
                  int num_heads, int num_kv_heads, int head_dim, int block_size, int table_stride,
                  float scale, int is_bf16, int num_threads, int isa) {
-    decode_item_fn item = decode_item_baseline;
-#if defined(__x86_64__)
-    if (isa > best_isa()) return -1;
-    if (isa == ISA_AVX512) item = decode_item_avx512;
-    if (isa == ISA_AVX2) item = decode_item_avx2;
-#else
-    if (isa != ISA_BASELINE) return -1;
-#endif
+    if (!isa_usable(isa)) return -1;
+    const decode_item_fn item = PICK(decode_item, isa);
     const struct decode_args a = {q,        key_cache, value_cache,  tables,  seq_lens,
                                   out,      num_seqs,  num_heads,    num_kv_heads,
                                   head_dim, block_size, table_stride, is_bf16, scale};

@@ -20,20 +20,9 @@
 #define ISA_BODY "cpu_fused_isa.h"
 #include "cpu_targets.h"
 
-#define PICK(fn, isa)                                                                          \
-    ((isa) == ISA_AVX512 ? fn##_avx512 : (isa) == ISA_AVX2 ? fn##_avx2 : fn##_baseline)
-
-static int usable(int isa) {
-#if defined(__x86_64__)
-    return isa >= ISA_BASELINE && isa <= best_isa();
-#else
-    return isa == ISA_BASELINE;
-#endif
-}
-
 int add_rms_norm(void *x, void *residual, const void *weight, void *out, int rows, int n,
                  float eps, int is_bf16, int num_threads, int isa) {
-    if (!usable(isa)) return -1;
+    if (!isa_usable(isa)) return -1;
     const int size = is_bf16 ? 2 : 4;
     void (*row)(void *, void *, const void *, void *, int, float, int) = PICK(rms_norm_row, isa);
 #pragma omp parallel for num_threads(num_threads) schedule(static)
@@ -47,7 +36,7 @@ int add_rms_norm(void *x, void *residual, const void *weight, void *out, int row
 
 int silu_and_mul(const void *gate_up, void *out, int rows, int n, int is_bf16, int num_threads,
                  int isa) {
-    if (!usable(isa)) return -1;
+    if (!isa_usable(isa)) return -1;
     const int size = is_bf16 ? 2 : 4;
     void (*row)(const void *, void *, int, int) = PICK(silu_and_mul_row, isa);
 #pragma omp parallel for num_threads(num_threads) schedule(static)
@@ -62,7 +51,7 @@ int silu_and_mul(const void *gate_up, void *out, int rows, int n, int is_bf16, i
 int rope(void *q, void *k, const int64_t *positions, const void *cos_sin, int tokens,
          int q_heads, int k_heads, int head_dim, int64_t q_stride, int64_t k_stride,
          int max_positions, int is_bf16, int num_threads, int isa) {
-    if (!usable(isa)) return -1;
+    if (!isa_usable(isa)) return -1;
     const int size = is_bf16 ? 2 : 4;
     void (*row)(void *, int, int, const void *, const void *, int) = PICK(rope_row, isa);
     const int64_t table = (int64_t)max_positions * head_dim * size;

@@ -46,14 +46,8 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
                   int num_kv_heads, int head_dim, int block_size, int table_stride, float scale,
                   int is_bf16, int num_threads, int isa) {
     if (head_dim % 16 != 0) return -1;
-    prefill_item_fn item = prefill_item_baseline;
-#if defined(__x86_64__)
-    if (isa > best_isa() || isa < ISA_BASELINE) return -1;
-    if (isa == ISA_AVX512) item = prefill_item_avx512;
-    if (isa == ISA_AVX2) item = prefill_item_avx2;
-#else
-    if (isa != ISA_BASELINE) return -1;
-#endif
+    if (!isa_usable(isa)) return -1;
+    const prefill_item_fn item = PICK(prefill_item, isa);
     const struct prefill_args a = {q,         key_cache,    value_cache,  tables,
                                    seq_lens,  query_starts, query_lens,   out,
                                    num_heads, num_kv_heads, head_dim,     block_size,

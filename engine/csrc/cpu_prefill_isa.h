@@ -17,8 +17,7 @@ static void FN(load_tile)(const struct prefill_args *a, const int32_t *table, in
             continue;
         }
         const int t = t0 + j;
-        const int64_t offset = table[t / a->block_size] * (int64_t)row_len * a->block_size +
-                               (int64_t)(t % a->block_size) * row_len + (int64_t)kv_head * hd;
+        const int64_t offset = row_offset(table, t, a->block_size, row_len) + (int64_t)kv_head * hd;
         for (int d = 0; d < hd; d++) kt[d * KEY_TILE + j] = load(a->key_cache, offset + d, a->is_bf16);
         for (int d = 0; d < hd; d++) vt[j * hd + d] = load(a->value_cache, offset + d, a->is_bf16);
     }

@@ -23,7 +23,7 @@ def _kernels(*tensors: torch.Tensor):
 
 
 def _isa(isa: str | None) -> str:
-    return isa or cpu_library.supported_isas()[-1]
+    return isa or cpu_library.default_isa()
 
 
 def rms_norm(
