@@ -257,7 +257,11 @@ POOL_GROUP, POOL_VERSION, POOLS = "inference.networking.k8s.io", "v1", "inferenc
 
 
 def _pool_api(ctx: Context) -> bool:
-    served = ctx.cluster.kubectl("api-resources", f"--api-group={POOL_GROUP}", "-o", "name")
+    """Whether the cluster serves InferencePools. Just after its CRD is applied, discovery
+    can fail for the group ("could not find the requested resource"): not served yet."""
+    served = ctx.cluster.kubectl(
+        "api-resources", f"--api-group={POOL_GROUP}", "-o", "name", check=False
+    )
     return f"{POOLS}.{POOL_GROUP}" in served.split()
 
 
