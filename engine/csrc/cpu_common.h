@@ -40,13 +40,6 @@ static inline void store(void *base, int64_t i, int is_bf16, float value) {
         ((float *)base)[i] = value;
 }
 
-/* Sixteen floats as one GCC vector: one zmm register on AVX-512, two ymm on AVX2, four xmm
- * on the baseline. Unaligned loads and stores go through memcpy (macros, not functions: a
- * v16 passed by value would have a different ABI on each target). */
-typedef float v16 __attribute__((vector_size(64)));
-#define LOAD16(v, p) memcpy(&(v), (p), sizeof(v16))
-#define STORE16(p, v) memcpy((p), &(v), sizeof(v16))
-
 /* The element offset of token t's row (row_len elements: every kv head) in a paged cache
  * [num_blocks, block_size, row_len], through its sequence's block table. */
 static inline int64_t row_offset(const int32_t *table, int t, int block_size, int row_len) {

@@ -1,7 +1,7 @@
 /* Paged prefill attention for the CPU: each sequence's chunk of query tokens attends
  * causally to its cached context (its earlier tokens and the chunk itself, stored before
- * the call), read in place from the block-paged cache, with fp32 math and an online
- * softmax; all of a step's chunks in one call.
+ * the call), read from the block-paged cache, with fp32 math and an online softmax; all of
+ * a step's chunks in one call.
  *
  * q, out: the flat batch [num_tokens, num_heads, head_dim]; sequence s's queries are rows
  * [query_starts[s], query_starts[s] + query_lens[s]), at positions from seq_lens[s] -
@@ -9,23 +9,31 @@
  * [num_seqs, table_stride] int32. Elements are float32 or bfloat16 bits (is_bf16).
  * head_dim must be a multiple of 16.
  *
- * Work items are (sequence, kv head, QUERY_TILE query tokens), the ones reading the most
- * keys first, on OpenMP threads (torch's, see cpu_decode.c). Each streams its keys in tiles
- * of KEY_TILE and its rows in blocks of ROW_BLOCK (cpu_prefill_isa.h). Returns 0, -1 for an
- * ISA this CPU lacks or a head_dim it does not take, -2 if memory ran out.
+ * Two phases on OpenMP threads (torch's, see cpu_decode.c). First every sequence's keys and
+ * values are packed once, per kv head, into float32 tiles of KEY_TILE keys (the keys
+ * transposed), in one buffer of 8 * head_dim * num_kv_heads bytes per key (every sequence's
+ * whole context, rounded up to a tile): read and converted once, not once per query tile.
+ * Then the work items, (sequence, kv head, QUERY_TILE query tokens), the ones reading the
+ * most keys first, stream those tiles in blocks of ROW_BLOCK rows (cpu_prefill_isa.h).
+ * Returns 0, -1 for an ISA this CPU lacks or a head_dim it does not take, -2 if memory ran
+ * out.
  */
 #include <math.h>
 #include <stdlib.h>
 
 #include "cpu_common.h"
 
-#define KEY_TILE 16
+#define KEY_TILE 32
 #define QUERY_TILE 64
 #define ROW_BLOCK 8
+/* The score of a key a row does not see: finite (-ffast-math assumes no infinities), and
+ * expf of it minus any real score is 0. */
+#define MASKED -1e30f
 
 struct prefill_args {
     const void *q, *key_cache, *value_cache;
     const int32_t *tables, *seq_lens, *query_starts, *query_lens;
+    const int *first_tiles; /* sequence s's packed tiles start at tile first_tiles[s] */
     void *out;
     int num_heads, num_kv_heads, head_dim, block_size, table_stride, is_bf16;
     float scale;
@@ -34,7 +42,9 @@ struct prefill_args {
 #define ISA_BODY "cpu_prefill_isa.h"
 #include "cpu_targets.h"
 
-typedef void (*prefill_item_fn)(const struct prefill_args *, int, int, int, int, float *);
+typedef void (*pack_tile_fn)(const struct prefill_args *, int, int, int, float *);
+typedef void (*prefill_item_fn)(const struct prefill_args *, const float *, int, int, int, int,
+                                float *);
 
 static int most_keys_first(const void *x, const void *y) {
     return ((const int *)y)[3] - ((const int *)x)[3];
@@ -47,19 +57,29 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
                   int is_bf16, int num_threads, int isa) {
     if (head_dim % 16 != 0) return -1;
     if (!isa_usable(isa)) return -1;
+    const pack_tile_fn pack = PICK(pack_tile, isa);
     const prefill_item_fn item = PICK(prefill_item, isa);
-    const struct prefill_args a = {q,         key_cache,    value_cache,  tables,
-                                   seq_lens,  query_starts, query_lens,   out,
-                                   num_heads, num_kv_heads, head_dim,     block_size,
-                                   table_stride, is_bf16,   scale};
-    /* Items (sequence, kv head, first query, keys it reads), the most keys first. */
-    int num_items = 0;
-    for (int s = 0; s < num_seqs; s++)
+    /* Items (sequence, kv head, first query, keys it reads), the most keys first; tiles
+     * (sequence, its tile index) in packing order. */
+    int num_items = 0, num_tiles = 0;
+    for (int s = 0; s < num_seqs; s++) {
         num_items += (query_lens[s] + QUERY_TILE - 1) / QUERY_TILE * num_kv_heads;
+        num_tiles += (seq_lens[s] + KEY_TILE - 1) / KEY_TILE;
+    }
+    const int64_t tile_floats = 2 * (int64_t)head_dim * KEY_TILE;
     int(*items)[4] = malloc(sizeof(int[4]) * (num_items > 0 ? num_items : 1));
-    if (items == NULL) return -2;
-    int n = 0;
-    for (int s = 0; s < num_seqs; s++)
+    int(*tiles)[2] = malloc(sizeof(int[2]) * (num_tiles > 0 ? num_tiles : 1));
+    int *first_tiles = malloc(sizeof(int) * (num_seqs > 0 ? num_seqs : 1));
+    float *packed = malloc(sizeof(float) * tile_floats * num_kv_heads * (num_tiles > 0 ? num_tiles : 1));
+    int failed = items == NULL || tiles == NULL || first_tiles == NULL || packed == NULL;
+    if (failed) goto done;
+    int n = 0, k = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        first_tiles[s] = k;
+        for (int t = 0; t * KEY_TILE < seq_lens[s]; t++, k++) {
+            tiles[k][0] = s;
+            tiles[k][1] = t;
+        }
         for (int i0 = 0; i0 < query_lens[s]; i0 += QUERY_TILE)
             for (int h = 0; h < num_kv_heads; h++, n++) {
                 const int i1 = i0 + QUERY_TILE < query_lens[s] ? i0 + QUERY_TILE : query_lens[s];
@@ -68,25 +88,37 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
                 items[n][2] = i0;
                 items[n][3] = seq_lens[s] - query_lens[s] + i1;
             }
+    }
     qsort(items, n, sizeof items[0], most_keys_first);
+    const struct prefill_args a = {q,         key_cache,    value_cache, tables,
+                                   seq_lens,  query_starts, query_lens,  first_tiles,
+                                   out,       num_heads,    num_kv_heads, head_dim,
+                                   block_size, table_stride, is_bf16,    scale};
     const int group = num_heads / num_kv_heads;
     const int rows = (QUERY_TILE * group + ROW_BLOCK - 1) / ROW_BLOCK * ROW_BLOCK;
-    /* key and value tiles, queries and accumulators, row maxima, sums and visible ends */
-    const size_t scratch_floats =
-        2 * (size_t)head_dim * KEY_TILE + 2 * (size_t)rows * head_dim + 3 * (size_t)rows;
-    int failed = 0;
+    /* queries and accumulators, row maxima, sums and visible ends */
+    const size_t scratch_floats = 2 * (size_t)rows * head_dim + 3 * (size_t)rows;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
+#pragma omp for schedule(static)
+        for (int i = 0; i < num_tiles * num_kv_heads; i++) {
+            const int t = i / num_kv_heads;
+            pack(&a, tiles[t][0], i % num_kv_heads, tiles[t][1], packed + (int64_t)i * tile_floats);
+        }
         float *scratch = malloc(sizeof(float) * scratch_floats);
         failed |= scratch == NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < n; i++) {
             const int s = items[i][0], i0 = items[i][2];
             const int i1 = i0 + QUERY_TILE < query_lens[s] ? i0 + QUERY_TILE : query_lens[s];
-            if (scratch != NULL) item(&a, s, items[i][1], i0, i1, scratch);
+            if (scratch != NULL) item(&a, packed, s, items[i][1], i0, i1, scratch);
         }
         free(scratch);
     }
+done:
     free(items);
+    free(tiles);
+    free(first_tiles);
+    free(packed);
     return failed ? -2 : 0;
 }

@@ -1,93 +1,133 @@
 /* The per-ISA part of cpu_prefill.c (included by cpu_targets.h once per SIMD target). The
- * tiles are GCC vector types of 16 floats: each target lowers one to its own registers
- * (one zmm, two ymm, four xmm), so the same source is a register-blocked kernel on all. */
+ * tiles are GCC vector types of the target's own width, so the same source is a
+ * register-blocked kernel on each. */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, ISA)
+/* This target's vector of VEC floats, and the same at any float's address for unaligned
+ * loads and stores (macros: a vector passed by value has a different ABI on each target). A
+ * key tile's scores are VECS of them, and so are OUT_FLOATS output dims; TILE_ROWS rows of
+ * either, and the VECS key or value vectors they multiply, fit the target's VEC_REGS
+ * registers. */
+typedef float FN(vec) __attribute__((vector_size(VEC * sizeof(float))));
+typedef float FN(vec_at) __attribute__((vector_size(VEC * sizeof(float)), aligned(4), may_alias));
+#define vec FN(vec)
+#define LOADV(v, p) ((v) = *(const FN(vec_at) *)(p))
+#define STOREV(p, v) (*(FN(vec_at) *)(p) = (v))
+#define VECS (KEY_TILE / VEC)
+#define OUT_FLOATS KEY_TILE
+#define TILE_ROWS ((VEC_REGS - VECS) / VECS >= 8 ? 8 : (VEC_REGS - VECS) / VECS >= 2 ? 2 : 1)
 
-/* Keys [t0, t0 + n) of one kv head: kt [head_dim] vectors of KEY_TILE keys (transposed, so
- * that a query's scores for the tile are head_dim vector FMAs), vt [KEY_TILE][head_dim];
- * zeros past n keys. */
-static void FN(load_tile)(const struct prefill_args *a, const int32_t *table, int kv_head,
-                          int t0, int n, float *kt, float *vt) {
-    const int hd = a->head_dim, row_len = a->num_kv_heads * hd;
+/* Packs key tile `tile` of one kv head of sequence s (keys [16 tile, 16 tile + 16)) into
+ * kt [head_dim][KEY_TILE] (transposed: a query's scores for the tile are head_dim vector
+ * FMAs) and vt [KEY_TILE][head_dim], as float32, zeros past the sequence's last key. */
+static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int tile, float *kt) {
+    const int hd = a->head_dim, row_len = a->num_kv_heads * hd, len = a->seq_lens[s];
+    const int32_t *table = a->tables + (int64_t)s * a->table_stride;
+    float *vt = kt + hd * KEY_TILE;
     for (int j = 0; j < KEY_TILE; j++) {
-        if (j >= n) {
+        const int t = tile * KEY_TILE + j;
+        if (t >= len) {
             for (int d = 0; d < hd; d++) kt[d * KEY_TILE + j] = vt[j * hd + d] = 0.0f;
             continue;
         }
-        const int t = t0 + j;
         const int64_t offset = row_offset(table, t, a->block_size, row_len) + (int64_t)kv_head * hd;
         for (int d = 0; d < hd; d++) kt[d * KEY_TILE + j] = load(a->key_cache, offset + d, a->is_bf16);
         for (int d = 0; d < hd; d++) vt[j * hd + d] = load(a->value_cache, offset + d, a->is_bf16);
     }
 }
 
-/* One block of ROW_BLOCK query rows against one key tile: scores, the online softmax's
- * update of each row's max and sum, and acc += p · V. */
-static void FN(row_block)(const float *qf, const float *kt, const float *vt, float *acc,
-                          float *row_max, float *row_sum, const int *visible, int hd, int n) {
-    v16 s[ROW_BLOCK];
-    for (int r = 0; r < ROW_BLOCK; r++) s[r] = (v16){0};
-    for (int d = 0; d < hd; d++) {
-        v16 k;
-        LOAD16(k, kt + d * KEY_TILE);
-        for (int r = 0; r < ROW_BLOCK; r++) s[r] += qf[r * hd + d] * k;
+/* acc[r][0, nv VEC) += p[r] · vt[:, 0, nv VEC) for TILE_ROWS rows (row stride hd), the
+ * outputs in registers; inlined with nv a constant (VECS or VECS / 2). */
+static inline __attribute__((always_inline)) void FN(add_pv)(const float (*p)[KEY_TILE],
+                                                            const float *vt, float *acc, int hd,
+                                                            int nv) {
+    vec o[TILE_ROWS][VECS];
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int c = 0; c < nv; c++) LOADV(o[r][c], acc + r * hd + VEC * c);
+    for (int j = 0; j < KEY_TILE; j++) {
+        vec v[VECS];
+        for (int c = 0; c < nv; c++) LOADV(v[c], vt + j * hd + VEC * c);
+        for (int r = 0; r < TILE_ROWS; r++)
+            for (int c = 0; c < nv; c++) o[r][c] += p[r][j] * v[c];
     }
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int c = 0; c < nv; c++) STOREV(acc + r * hd + VEC * c, o[r][c]);
+}
+
+/* One block of ROW_BLOCK query rows against one packed key tile: scores, the online
+ * softmax's update of each row's max and sum, and acc += p · V. visible[r] (0..KEY_TILE):
+ * how many of the tile's keys row r sees. A row's accumulator is rescaled only when the
+ * tile raises its max, which after the first tiles is rare. The products run TILE_ROWS rows
+ * at a time, in the target's own vectors (VEC floats each, cpu_targets.h): a row's scores
+ * for the tile and its outputs for OUT_FLOATS dims are VECS vectors each. */
+static void FN(row_block)(const float *qf, const float *kt, float *acc, float *row_max,
+                          float *row_sum, const int *visible, int hd) {
+    const float *vt = kt + hd * KEY_TILE;
     float p[ROW_BLOCK][KEY_TILE];
+    for (int r0 = 0; r0 < ROW_BLOCK; r0 += TILE_ROWS) {
+        vec s[TILE_ROWS][VECS];
+        for (int r = 0; r < TILE_ROWS; r++)
+            for (int c = 0; c < VECS; c++) s[r][c] = (vec){0};
+        for (int d = 0; d < hd; d++) {
+            vec k[VECS];
+            for (int c = 0; c < VECS; c++) LOADV(k[c], kt + d * KEY_TILE + VEC * c);
+            for (int r = 0; r < TILE_ROWS; r++)
+                for (int c = 0; c < VECS; c++) s[r][c] += qf[(r0 + r) * hd + d] * k[c];
+        }
+        for (int r = 0; r < TILE_ROWS; r++)
+            for (int c = 0; c < VECS; c++) STOREV(p[r0 + r] + VEC * c, s[r][c]);
+    }
     for (int r = 0; r < ROW_BLOCK; r++) {
-        float sc[KEY_TILE];
-        STORE16(sc, s[r]);
-        const int m = visible[r] < n ? visible[r] : n;
-        if (m <= 0) {
-            for (int j = 0; j < KEY_TILE; j++) p[r][j] = 0.0f;
+        float *pr = p[r];
+        if (visible[r] == 0) {
+            memset(pr, 0, sizeof p[r]);
             continue;
         }
-        float tile_max = -INFINITY;
-        for (int j = 0; j < m; j++) tile_max = sc[j] > tile_max ? sc[j] : tile_max;
-        const float new_max = tile_max > row_max[r] ? tile_max : row_max[r];
-        const float rescale = expf(row_max[r] - new_max);
-#pragma omp simd
-        for (int j = 0; j < KEY_TILE; j++) p[r][j] = expf(sc[j] - new_max); /* vector expf */
-        float tile_sum = 0.0f;
+        for (int j = visible[r]; j < KEY_TILE; j++) pr[j] = MASKED;
+        float tile_max = MASKED;
+#pragma omp simd reduction(max : tile_max)
+        for (int j = 0; j < KEY_TILE; j++) tile_max = pr[j] > tile_max ? pr[j] : tile_max;
+        if (tile_max > row_max[r]) {
+            const float rescale = expf(row_max[r] - tile_max);
+            row_sum[r] *= rescale;
+            for (int d = 0; d < hd; d++) acc[r * hd + d] *= rescale;
+            row_max[r] = tile_max;
+        }
+        const float max = row_max[r];
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
         for (int j = 0; j < KEY_TILE; j++) {
-            p[r][j] = j < m ? p[r][j] : 0.0f;
-            tile_sum += p[r][j];
+            pr[j] = expf(pr[j] - max); /* vector expf; a masked key's is 0 */
+            sum += pr[j];
         }
-        row_sum[r] = row_sum[r] * rescale + tile_sum;
-        row_max[r] = new_max;
-        for (int d = 0; d < hd; d++) acc[r * hd + d] *= rescale;
+        row_sum[r] += sum;
     }
-    for (int d0 = 0; d0 < hd; d0 += 16) {
-        v16 o[ROW_BLOCK];
-        for (int r = 0; r < ROW_BLOCK; r++) LOAD16(o[r], acc + r * hd + d0);
-        for (int j = 0; j < n; j++) {
-            v16 v;
-            LOAD16(v, vt + j * hd + d0);
-            for (int r = 0; r < ROW_BLOCK; r++) o[r] += p[r][j] * v;
-        }
-        for (int r = 0; r < ROW_BLOCK; r++) STORE16(acc + r * hd + d0, o[r]);
+    for (int r0 = 0; r0 < ROW_BLOCK; r0 += TILE_ROWS) {
+        int d0 = 0;
+        for (; d0 + OUT_FLOATS <= hd; d0 += OUT_FLOATS)
+            FN(add_pv)(p + r0, vt + d0, acc + r0 * hd + d0, hd, VECS);
+        if (d0 < hd) /* hd % 16 == 0: the rest is half of OUT_FLOATS */
+            FN(add_pv)(p + r0, vt + d0, acc + r0 * hd + d0, hd, VECS / 2);
     }
 }
 
 /* Query rows [i0, i1) of sequence s and the query heads of one kv head: causal attention
- * over the sequence's cached keys with an online softmax, one key tile at a time. Rows are
- * (query token, head of the group), ROW_BLOCK at a time (the last block padded with zero
- * queries that see no key). Scratch: prefill_scratch_floats(). */
-static void FN(prefill_item)(const struct prefill_args *a, int s, int kv_head, int i0, int i1,
-                             float *scratch) {
+ * over the sequence's packed key tiles with an online softmax. Rows are (query token, head
+ * of the group), ROW_BLOCK at a time (the last block padded with zero queries that see no
+ * key). Scratch: prefill_scratch_floats(). */
+static void FN(prefill_item)(const struct prefill_args *a, const float *packed, int s, int kv_head,
+                             int i0, int i1, float *scratch) {
     const int hd = a->head_dim, group = a->num_heads / a->num_kv_heads;
     const int rows = (i1 - i0) * group, q_len = a->query_lens[s];
     const int padded = (rows + ROW_BLOCK - 1) / ROW_BLOCK * ROW_BLOCK;
     const int first_pos = a->seq_lens[s] - q_len; /* the chunk's first query's position */
-    const int32_t *table = a->tables + (int64_t)s * a->table_stride;
-    float *kt = scratch, *vt = kt + hd * KEY_TILE, *qf = vt + KEY_TILE * hd;
-    float *acc = qf + (int64_t)padded * hd, *row_max = acc + (int64_t)padded * hd;
+    float *qf = scratch, *acc = qf + (int64_t)padded * hd, *row_max = acc + (int64_t)padded * hd;
     float *row_sum = row_max + padded;
     int *visible_end = (int *)(row_sum + padded); /* keys below it are visible to the row */
     for (int r = 0; r < padded; r++) {
         for (int d = 0; d < hd; d++) acc[r * hd + d] = qf[r * hd + d] = 0.0f;
-        row_max[r] = -INFINITY;
+        row_max[r] = MASKED;
         row_sum[r] = 0.0f;
         visible_end[r] = 0;
         if (r >= rows) continue;
@@ -96,19 +136,21 @@ static void FN(prefill_item)(const struct prefill_args *a, int s, int kv_head, i
         for (int d = 0; d < hd; d++) qf[r * hd + d] = load(a->q, offset + d, a->is_bf16) * a->scale;
         visible_end[r] = first_pos + i0 + r / group + 1;
     }
-    const int last_key = first_pos + i1 - 1; /* the tile's last row sees keys up to here */
+    const int64_t tile_floats = 2 * (int64_t)hd * KEY_TILE;
+    const float *tiles = packed + (int64_t)a->first_tiles[s] * a->num_kv_heads * tile_floats;
+    const int last_key = first_pos + i1 - 1; /* the item's last row sees keys up to here */
     for (int t0 = 0; t0 <= last_key; t0 += KEY_TILE) {
-        const int n = last_key + 1 - t0 < KEY_TILE ? last_key + 1 - t0 : KEY_TILE;
-        FN(load_tile)(a, table, kv_head, t0, n, kt, vt);
+        const float *kt = tiles + ((int64_t)(t0 / KEY_TILE) * a->num_kv_heads + kv_head) * tile_floats;
         for (int r0 = 0; r0 < padded; r0 += ROW_BLOCK) {
             int visible[ROW_BLOCK], any = 0;
             for (int r = 0; r < ROW_BLOCK; r++) {
-                visible[r] = visible_end[r0 + r] - t0;
-                any |= visible[r] > 0;
+                const int m = visible_end[r0 + r] - t0;
+                visible[r] = m < 0 ? 0 : m > KEY_TILE ? KEY_TILE : m;
+                any |= m > 0;
             }
             if (any)
-                FN(row_block)(qf + (int64_t)r0 * hd, kt, vt, acc + (int64_t)r0 * hd,
-                              row_max + r0, row_sum + r0, visible, hd, n);
+                FN(row_block)(qf + (int64_t)r0 * hd, kt, acc + (int64_t)r0 * hd, row_max + r0,
+                              row_sum + r0, visible, hd);
         }
     }
     for (int r = 0; r < rows; r++) {
@@ -119,6 +161,12 @@ static void FN(prefill_item)(const struct prefill_args *a, int s, int kv_head, i
     }
 }
 
+#undef TILE_ROWS
+#undef OUT_FLOATS
+#undef VECS
+#undef STOREV
+#undef LOADV
+#undef vec
 #undef FN
 #undef CAT
 #undef CAT_
