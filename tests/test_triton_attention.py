@@ -224,7 +224,7 @@ def test_cpu_decode_splits_the_heads_of_few_sequences_across_threads(seed, num_s
 @pytest.mark.parametrize("backend", CPU_PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_cpu_prefill_of_long_chunks_on_several_threads_matches_torch(seed, dtype, backend):
-    """Chunks of several query tiles (64 tokens) and key tiles (16), one after a cached
+    """Chunks of several query tiles (64 tokens) and key tiles (32), one after a cached
     prefix that shares its first blocks with a decoding sequence, a whole prompt ending
     mid-tile, next to decodes; GQA 2; 2 and 3 threads share the work items."""
     batch = make_batch(
@@ -239,6 +239,35 @@ def test_cpu_prefill_of_long_chunks_on_several_threads_matches_torch(seed, dtype
     for n in (2, 3):
         with num_threads(n):
             check_attention(batch, seed, backend)
+
+
+@pytest.mark.parametrize("backend", CPU_PATHS)
+def test_cpu_prefill_with_scores_rising_by_hundreds_matches_torch(seed, backend):
+    """Scores that grow with the key's position (by 0.5 a token, from -75 to 75 over the
+    prompt): every key tile raises each row's max, so its sum and accumulator are rescaled
+    again and again, and the first keys are far below e^-80 of the last (the kernel's exp
+    floor)."""
+    batch = make_batch(
+        [1, 300, 60],
+        [300, 300, 200],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype=torch.float32,
+    )
+    block_size = batch.key_cache.shape[1]
+    batch.query[..., 0] = 8.0  # times key[..., 0] times scale 1/8: the key's value of it
+    lengths = zip(batch.meta.query_lens_host, batch.meta.seq_lens_host, strict=True)
+    for i, (q_len, s_len) in enumerate(lengths):
+        first_new = int(batch.meta.query_start_loc[i])
+        for position in range(s_len):
+            ramp = 0.5 * position - 75.0
+            if position < s_len - q_len:
+                block = int(batch.meta.block_tables[i, position // block_size])
+                batch.key_cache[block, position % block_size, :, 0] = ramp
+            else:
+                batch.key[first_new + position - (s_len - q_len), :, 0] = ramp
+    check_attention(batch, seed, backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

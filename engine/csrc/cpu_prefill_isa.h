@@ -37,6 +37,40 @@ static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int 
     }
 }
 
+/* p[j] = e^(p[j] - max) for the KEY_TILE scores of a row (none above max), and their sum.
+ * Inline, not libmvec's expf (a call per vector, and a scalar path for every masked key):
+ * e^x = 2^n 2^f with n = round(x log2 e), |f| <= 1/2, 2^f = e^(f ln 2) by its Taylor
+ * series to degree 7 (relative error < 1e-8 before rounding). x is clamped at -80, so a
+ * masked key weighs e^-80 (~2e-35, a normal float: no subnormal reaches the products). */
+static inline __attribute__((always_inline)) float FN(exp_tile)(float *p, float max) {
+    typedef int veci __attribute__((vector_size(VEC * sizeof(int))));
+    const vec lowest = (vec){0} - 80.0f, half = (vec){0} + 0.5f;
+    vec total = {0};
+    for (int c = 0; c < VECS; c++) {
+        vec x;
+        LOADV(x, p + VEC * c);
+        x -= max;
+        const veci low = x < lowest;
+        x = (vec)(((veci)x & ~low) | ((veci)lowest & low));
+        const vec t = x * 1.442695041f; /* log2 e */
+        const veci n = __builtin_convertvector(t - half, veci); /* t <= 0: to nearest */
+        const vec g = (t - __builtin_convertvector(n, vec)) * 0.6931471806f;
+        vec y = g * (1.0f / 5040) + (1.0f / 720);
+        y = y * g + (1.0f / 120);
+        y = y * g + (1.0f / 24);
+        y = y * g + (1.0f / 6);
+        y = y * g + 0.5f;
+        y = y * g + 1.0f;
+        y = y * g + 1.0f;
+        y = (vec)((veci)y + (n << 23)); /* times 2^n: n >= -116, the result stays normal */
+        STOREV(p + VEC * c, y);
+        total += y;
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < VEC; i++) sum += total[i];
+    return sum;
+}
+
 /* acc[r][0, nv VEC) += p[r] · vt[:, 0, nv VEC) for TILE_ROWS rows (row stride hd), the
  * outputs in registers; inlined with nv a constant (VECS or VECS / 2). */
 static inline __attribute__((always_inline)) void FN(add_pv)(const float (*p)[KEY_TILE],
@@ -89,19 +123,14 @@ static void FN(row_block)(const float *qf, const float *kt, float *acc, float *r
 #pragma omp simd reduction(max : tile_max)
         for (int j = 0; j < KEY_TILE; j++) tile_max = pr[j] > tile_max ? pr[j] : tile_max;
         if (tile_max > row_max[r]) {
-            const float rescale = expf(row_max[r] - tile_max);
-            row_sum[r] *= rescale;
-            for (int d = 0; d < hd; d++) acc[r * hd + d] *= rescale;
+            if (row_max[r] != MASKED) { /* else the row's sum and accumulator are still 0 */
+                const float rescale = expf(row_max[r] - tile_max);
+                row_sum[r] *= rescale;
+                for (int d = 0; d < hd; d++) acc[r * hd + d] *= rescale;
+            }
             row_max[r] = tile_max;
         }
-        const float max = row_max[r];
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < KEY_TILE; j++) {
-            pr[j] = expf(pr[j] - max); /* vector expf; a masked key's is 0 */
-            sum += pr[j];
-        }
-        row_sum[r] += sum;
+        row_sum[r] += FN(exp_tile)(pr, row_max[r]);
     }
     for (int r0 = 0; r0 < ROW_BLOCK; r0 += TILE_ROWS) {
         int d0 = 0;
