@@ -224,7 +224,7 @@ def test_cpu_decode_splits_the_heads_of_few_sequences_across_threads(seed, num_s
 @pytest.mark.parametrize("backend", CPU_PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_cpu_prefill_of_long_chunks_on_several_threads_matches_torch(seed, dtype, backend):
-    """Chunks of several query tiles (64 tokens) and key tiles (32), one after a cached
+    """Chunks of several query tiles (64 tokens) and key tiles (64), one after a cached
     prefix that shares its first blocks with a decoding sequence, a whole prompt ending
     mid-tile, next to decodes; GQA 2; 2 and 3 threads share the work items."""
     batch = make_batch(
@@ -273,11 +273,12 @@ def test_cpu_prefill_with_scores_rising_by_hundreds_matches_torch(seed, backend)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "block_size"),
-    [(6, 2, 48, 5), (7, 1, 32, 1), (2, 2, 16, 32)],
+    [(6, 2, 48, 5), (7, 1, 32, 1), (2, 2, 16, 32), (3, 3, 80, 16)],
 )
 def test_uncommon_shapes_match_torch(seed, num_heads, num_kv_heads, head_dim, block_size, backend):
-    """GQA groups and head sizes that are not powers of two, tiny head sizes, and block
-    sizes other than 16 go through the same masks."""
+    """GQA groups and head sizes that are not powers of two (80: one 64-dim pass of the CPU
+    prefill kernel's outputs and a 16-dim tail), tiny head sizes, and block sizes other than
+    16 go through the same masks."""
     batch = make_batch(
         [1, 23, 5],
         [40, 23, 71],

@@ -23,7 +23,7 @@
 
 #include "cpu_common.h"
 
-#define KEY_TILE 32
+#define KEY_TILE 64
 #define QUERY_TILE 64
 #define ROW_BLOCK 8
 /* The score of a key a row does not see: finite (-ffast-math assumes no infinities), and

@@ -16,9 +16,10 @@ typedef float FN(vec_at) __attribute__((vector_size(VEC * sizeof(float)), aligne
 #define STOREV(p, v) (*(FN(vec_at) *)(p) = (v))
 #define VECS (KEY_TILE / VEC)
 #define OUT_FLOATS KEY_TILE
-#define TILE_ROWS ((VEC_REGS - VECS) / VECS >= 8 ? 8 : (VEC_REGS - VECS) / VECS >= 2 ? 2 : 1)
+#define FIT ((VEC_REGS - VECS) / VECS)
+#define TILE_ROWS (FIT >= 8 ? 8 : FIT >= 4 ? 4 : FIT >= 2 ? 2 : 1)
 
-/* Packs key tile `tile` of one kv head of sequence s (keys [16 tile, 16 tile + 16)) into
+/* Packs key tile `tile` of one kv head of sequence s (keys from KEY_TILE * tile on) into
  * kt [head_dim][KEY_TILE] (transposed: a query's scores for the tile are head_dim vector
  * FMAs) and vt [KEY_TILE][head_dim], as float32, zeros past the sequence's last key. */
 static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int tile, float *kt) {
@@ -72,7 +73,7 @@ static inline __attribute__((always_inline)) float FN(exp_tile)(float *p, float 
 }
 
 /* acc[r][0, nv VEC) += p[r] · vt[:, 0, nv VEC) for TILE_ROWS rows (row stride hd), the
- * outputs in registers; inlined with nv a constant (VECS or VECS / 2). */
+ * outputs in registers; inlined with nv a constant (VECS, or a tail's 16-float multiple). */
 static inline __attribute__((always_inline)) void FN(add_pv)(const float (*p)[KEY_TILE],
                                                             const float *vt, float *acc, int hd,
                                                             int nv) {
@@ -136,8 +137,17 @@ static void FN(row_block)(const float *qf, const float *kt, float *acc, float *r
         int d0 = 0;
         for (; d0 + OUT_FLOATS <= hd; d0 += OUT_FLOATS)
             FN(add_pv)(p + r0, vt + d0, acc + r0 * hd + d0, hd, VECS);
-        if (d0 < hd) /* hd % 16 == 0: the rest is half of OUT_FLOATS */
-            FN(add_pv)(p + r0, vt + d0, acc + r0 * hd + d0, hd, VECS / 2);
+        switch ((hd - d0) / 16) { /* hd % 16 == 0: what is left is 16, 32 or 48 dims */
+        case 3:
+            FN(add_pv)(p + r0, vt + d0, acc + r0 * hd + d0, hd, 48 / VEC);
+            break;
+        case 2:
+            FN(add_pv)(p + r0, vt + d0, acc + r0 * hd + d0, hd, 32 / VEC);
+            break;
+        case 1:
+            FN(add_pv)(p + r0, vt + d0, acc + r0 * hd + d0, hd, 16 / VEC);
+            break;
+        }
     }
 }
 
@@ -192,6 +202,7 @@ static void FN(prefill_item)(const struct prefill_args *a, const float *packed, 
 
 #undef TILE_ROWS
 #undef OUT_FLOATS
+#undef FIT
 #undef VECS
 #undef STOREV
 #undef LOADV
