@@ -9,6 +9,7 @@ from joined_outputs import JoinedOutputs
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.models import decoder
 
 from audit import assert_all_released, audit_blocks
 from checkpoints import FAMILIES
@@ -74,3 +75,23 @@ def test_greedy_matches_transformers(checkpoint, family, scenario):
         assert stats.prefix_cache_hits > 0
     else:
         assert stats.prefix_cache_hits == 0
+
+
+def test_greedy_matches_transformers_with_the_cpu_mlp_in_row_chunks(checkpoint, monkeypatch):
+    """The MLP's chunk budget shrunk to 7 rows: whole-prompt steps of 18 prompts go through
+    it in chunks cut mid-prompt and mid-batch, and the tokens are still transformers'."""
+    path = str(checkpoint("llama"))
+    engine = LLMEngine(
+        EngineConfig(model=path, dtype="float32", block_size=4, enable_prefix_caching=False)
+    )
+    width = engine.runner.model.layers[0].mlp.gate_up_width
+    monkeypatch.setattr(decoder, "CPU_MLP_CHUNK_BYTES", 7 * width * 4)
+    chunks: list[int] = []
+    rows = decoder.MLP._rows
+    monkeypatch.setattr(decoder.MLP, "_rows", lambda mlp, x: chunks.append(len(x)) or rows(mlp, x))
+    prompts = make_prompts(seed=3, shared_prefixes=False)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outputs = run(engine, prompts, params)
+    for prompt, got in zip(prompts, outputs, strict=True):
+        assert_greedy_match(path, prompt, hf_greedy(path, prompt, MAX_TOKENS), got)
+    assert max(chunks) == 7

@@ -26,8 +26,8 @@
 #define KEY_TILE 64
 #define QUERY_TILE 64
 #define ROW_BLOCK 8
-/* The score of a key a row does not see: finite (-ffast-math assumes no infinities), and
- * expf of it minus any real score is 0. */
+/* The score of a key a row does not see: finite (-ffast-math assumes no infinities), below
+ * any real score, so exp_tile (cpu_prefill_isa.h) gives it its floor, e^-80. */
 #define MASKED -1e30f
 
 struct prefill_args {

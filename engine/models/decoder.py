@@ -64,13 +64,31 @@ class Attention(nn.Module):
         return self.o_proj(out.flatten(1))
 
 
+# The most bytes of gate/up activation one CPU pass of the MLP makes (see MLP).
+CPU_MLP_CHUNK_BYTES = 16 << 20
+
+
 class MLP(nn.Module):
+    """On a CPU a large batch goes through in row chunks whose gate/up activation stays
+    under CPU_MLP_CHUNK_BYTES. glibc gives every block of 32 MiB or more a fresh mmap and
+    unmaps it when freed, so a bigger activation faults in (and the kernel zeroes) every
+    page of it again in every layer: a 2048-token float32 step of the 134M model (its
+    gate/up output is exactly 32 MiB) ran ~10 % slower (benchmarks/cpu-levers.md). Chunks
+    this size reuse the heap's blocks and are still large matmuls."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_width = 2 * cfg.intermediate_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = max(1, CPU_MLP_CHUNK_BYTES // (self.gate_up_width * x.element_size()))
+        if x.device.type != "cpu" or x.shape[0] <= rows:
+            return self._rows(x)
+        return torch.cat([self._rows(part) for part in x.split(rows)])
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
 
 
