@@ -73,7 +73,7 @@ static inline __attribute__((always_inline)) float FN(exp_tile)(float *p, float 
 }
 
 /* acc[r][0, nv VEC) += p[r] · vt[:, 0, nv VEC) for TILE_ROWS rows (row stride hd), the
- * outputs in registers; inlined with nv a constant (VECS, or a tail's 16-float multiple). */
+ * outputs in registers; inlined with nv a constant (VECS, or 16 / VEC for the tail). */
 static inline __attribute__((always_inline)) void FN(add_pv)(const float (*p)[KEY_TILE],
                                                             const float *vt, float *acc, int hd,
                                                             int nv) {
@@ -137,17 +137,8 @@ static void FN(row_block)(const float *qf, const float *kt, float *acc, float *r
         int d0 = 0;
         for (; d0 + OUT_FLOATS <= hd; d0 += OUT_FLOATS)
             FN(add_pv)(p + r0, vt + d0, acc + r0 * hd + d0, hd, VECS);
-        switch ((hd - d0) / 16) { /* hd % 16 == 0: what is left is 16, 32 or 48 dims */
-        case 3:
-            FN(add_pv)(p + r0, vt + d0, acc + r0 * hd + d0, hd, 48 / VEC);
-            break;
-        case 2:
-            FN(add_pv)(p + r0, vt + d0, acc + r0 * hd + d0, hd, 32 / VEC);
-            break;
-        case 1:
+        for (; d0 < hd; d0 += 16) /* hd % 16 == 0: the rest, 16 dims a pass */
             FN(add_pv)(p + r0, vt + d0, acc + r0 * hd + d0, hd, 16 / VEC);
-            break;
-        }
     }
 }
 
