@@ -12,6 +12,7 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
+from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 VOCAB_SIZE = 32000
@@ -52,6 +53,10 @@ class Checkpoint:
     num_params: int
     decode_weight_bytes: int
     """Bytes one decode step must read: every weight but the input embedding table."""
+    layer_linear_params: int
+    """Weights of the decoder layers' linear layers: each token multiplies by every one."""
+    lm_head_params: int
+    """Weights of the output projection: only a sequence's last position multiplies by it."""
 
 
 def build_checkpoint(directory: Path, dtype: torch.dtype, seed: int = 0) -> Checkpoint:
@@ -64,4 +69,7 @@ def build_checkpoint(directory: Path, dtype: torch.dtype, seed: int = 0) -> Chec
     num_params = sum(p.numel() for p in model.parameters())
     embedding = model.get_input_embeddings().weight
     read = (num_params - embedding.numel()) * embedding.element_size()
-    return Checkpoint(directory, num_params, read)
+    linears = sum(
+        m.weight.numel() for m in model.model.layers.modules() if isinstance(m, nn.Linear)
+    )
+    return Checkpoint(directory, num_params, read, linears, model.lm_head.weight.numel())

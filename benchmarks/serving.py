@@ -1,6 +1,6 @@
 """Serving benchmark: four streamed workloads against OpenAI-compatible servers.
 
-    python benchmarks/serving.py --kvserve --vllm /work/vllm-venv/bin/vllm
+    python benchmarks/serving.py --kvserve --vllm /work/vllm-venv/bin/vllm [--rounds 3]
     python benchmarks/serving.py --url http://127.0.0.1:8000 [--url ...]
     python benchmarks/serving.py --kvserve --quick        # checks the plumbing, ~1 min
 
@@ -8,7 +8,10 @@
 the same model (default: the 134M benchmark model of checkpoint.py), same dtype, same
 max_model_len, same KV-cache budget, prefix caching on, one after the other (never both at
 once; each stopped with SIGTERM before the next starts, each with fresh cache directories).
-``--url`` runs against a server already running. Every request is a streamed
+With ``--rounds N`` every target runs every workload N times, the targets taking turns
+(each round starts the servers afresh); the tables give medians over the rounds, and the
+ratio column in how many rounds kvserve was at least as good (p99s on a shared machine
+flip between runs). ``--url`` runs against a server already running. Every request is a streamed
 ``/v1/completions`` on token-id prompts (seeded, the same for every target), greedy, EOS
 ignored. Workloads (default sizes; see WORKLOADS and README.md):
 
@@ -123,6 +126,7 @@ class Target:
     ready_s: float | None = None
     """Process start to the first ``GET /health`` answered 200, for the servers started here."""
     command: str = ""
+    round: int = 0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -155,6 +159,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a workload's SLO: TTFT and each request's own ITL p99 (default: "
                    + ", ".join(f"{n}={v.ttft_s:g},{v.itl_ms:g}" for n, v in SLOS.items())
                    + ")")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=1, help="runs of every target, taking turns")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--start-timeout", type=float, default=600.0, help="seconds a start may take")
@@ -301,7 +306,7 @@ async def measure(
             raise RuntimeError(f"{target.name} failed the warm-up: {errors[0]}")
         for w in chosen:
             mine, wall, prefix = await run_workload(session, target, w, vocab, args.seed)
-            s = summarize(w.name, target.name, mine, wall, args.slos[w.name], prefix)
+            s = summarize(w.name, target.name, mine, wall, args.slos[w.name], prefix, target.round)
             print(
                 f"{target.name} {w.name}: {s.tokens_per_s:.1f} out tok/s, TTFT p99 "
                 f"{s.ttft_s[1]:.3f} s, ITL p99 {s.itl_ms[1]:.1f} ms, {s.failed} failed; "
@@ -317,7 +322,9 @@ async def measure(
 
 
 @contextlib.contextmanager
-def started(server: str, model: Path, args, workdir: Path, log: Path) -> Iterator[Target]:
+def started(
+    server: str, model: Path, args, workdir: Path, log: Path, round_: int
+) -> Iterator[Target]:
     """A fresh ``kvserve serve`` or ``vllm serve`` on a free port, stopped on the way out."""
     port = free_port()
     extra = ["--max-model-len", str(args.max_model_len), "--enable-prefix-caching"]
@@ -331,7 +338,7 @@ def started(server: str, model: Path, args, workdir: Path, log: Path) -> Iterato
     process, began = spawn(argv, env, log, server)
     try:
         ready = wait_ready(process, f"http://127.0.0.1:{port}", began, args.start_timeout, log)
-        target = Target(server, f"http://127.0.0.1:{port}", server, ready_s=ready)
+        target = Target(server, f"http://127.0.0.1:{port}", server, ready_s=ready, round=round_)
         target.command = " ".join([Path(argv[0]).name, *argv[1:]])
         yield target
     finally:
@@ -383,12 +390,19 @@ def report(
         + " (ITL p99: of the request's own gaps). Goodput: requests meeting it ÷ the "
         "workload's wall time.",
         "",
-        "| target | URL | max_model_len | ready (s) | command |",
-        "| --- | --- | ---: | ---: | --- |",
+        f"Rounds: {args.rounds}. With more than one, every figure below is the median over "
+        "the rounds, and a ratio the median of the rounds' own ratios followed by (k/n): in k "
+        "of the n rounds kvserve was at least as good as vLLM.",
+        "",
+        "| target | round | URL | max_model_len | ready (s) | command |",
+        "| --- | ---: | --- | ---: | ---: | --- |",
     ]
     for t in targets:
         ready = f"{t.ready_s:.1f}" if t.ready_s is not None else "—"
-        lines.append(f"| {t.name} | {t.url} | {t.max_model_len} | {ready} | `{t.command or '—'}` |")
+        lines.append(
+            f"| {t.name} | {t.round + 1} | {t.url} | {t.max_model_len} | {ready} "
+            f"| `{t.command or '—'}` |"
+        )
     lines += [
         "",
         "Every request: a streamed `/v1/completions` on token ids, `temperature: 0`, "
@@ -432,19 +446,27 @@ def main() -> None:
     if args.kvserve or args.vllm:
         args.max_model_len = args.max_model_len or positions
     log = workdir / "servers.log"
-    targets = [Target(f"url{i + 1}", url, "") for i, url in enumerate(args.url)]
+    targets: list[Target] = []
     summaries, records = [], []
-    for target in targets:
-        s, r = asyncio.run(measure(target, chosen, args, vocab))
-        summaries += s
-        records += r
-    for server in [s for s, on in (("kvserve", args.kvserve), ("vllm", args.vllm)) if on]:
-        with started(server, model, args, workdir, log) as target:
-            print(f"{server} ready after {target.ready_s:.1f} s: {target.command}", flush=True)
+    servers = [s for s, on in (("kvserve", args.kvserve), ("vllm", args.vllm)) if on]
+    for round_ in range(args.rounds):
+        for i, url in enumerate(args.url):
+            target = Target(f"url{i + 1}", url, "", round=round_)
             s, r = asyncio.run(measure(target, chosen, args, vocab))
-        targets.append(target)
-        summaries += s
-        records += r
+            targets.append(target)
+            summaries += s
+            records += r
+        for server in servers:
+            with started(server, model, args, workdir, log, round_) as target:
+                print(
+                    f"{server} (round {round_ + 1}) ready after {target.ready_s:.1f} s: "
+                    f"{target.command}",
+                    flush=True,
+                )
+                s, r = asyncio.run(measure(target, chosen, args, vocab))
+            targets.append(target)
+            summaries += s
+            records += r
     versions = f"{kvserve_version()}; {describe()}"
     if args.vllm:
         versions += f"; vLLM {vllm_version(args.vllm)}"

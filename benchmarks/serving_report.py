@@ -1,7 +1,10 @@
 """What the serving benchmark reports: per workload and target, latency percentiles,
-throughput and goodput (``summarize``), the markdown tables and the two PNG plots."""
+throughput and goodput (``summarize``), the markdown tables and the two PNG plots. With
+several rounds, every figure is the median over the rounds, and a ratio the median of the
+rounds' own ratios (round i of each target ran minutes apart)."""
 
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import matplotlib
@@ -46,6 +49,7 @@ class Summary:
     prefix_hit_rate: float
     """Prompt tokens found in the prefix cache ÷ those looked up, over the workload (nan
     where the server exports no such counters)."""
+    round: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -65,7 +69,13 @@ def _p50_p99(values: list[float], scale: float = 1.0) -> tuple[float, float]:
 
 
 def summarize(
-    workload: str, target: str, records: list[Record], wall_s: float, slo: Slo, prefix: float
+    workload: str,
+    target: str,
+    records: list[Record],
+    wall_s: float,
+    slo: Slo,
+    prefix: float,
+    round_: int = 0,
 ) -> Summary:
     done = [r for r in records if r.error is None]
     chunks = sum(len(r.chunks) for r in done)
@@ -82,39 +92,94 @@ def summarize(
         met_slo=sum(1 for r in done if slo.met(r)),
         multi_token_chunks=sum(r.multi_token_chunks for r in done) / chunks if chunks else 0.0,
         prefix_hit_rate=prefix,
+        round=round_,
     )
 
 
-ROWS = [  # (metric, value, format, whether the ratio column shows it)
-    ("output tok/s", lambda s: s.tokens_per_s, "{:.1f}", True),
-    ("goodput (req/s at the SLO)", lambda s: s.goodput, "{:.3f}", True),
-    ("requests meeting the SLO", lambda s: s.met_slo, "{:d}", False),
-    ("TTFT p50 (s)", lambda s: s.ttft_s[0], "{:.3f}", True),
-    ("TTFT p99 (s)", lambda s: s.ttft_s[1], "{:.3f}", True),
-    ("ITL p50 (ms)", lambda s: s.itl_ms[0], "{:.1f}", True),
-    ("ITL p99 (ms)", lambda s: s.itl_ms[1], "{:.1f}", True),
-    ("E2E p50 (s)", lambda s: s.e2e_s[0], "{:.2f}", True),
-    ("E2E p99 (s)", lambda s: s.e2e_s[1], "{:.2f}", True),
-    ("wall (s)", lambda s: s.wall_s, "{:.1f}", True),
-    ("output tokens", lambda s: s.output_tokens, "{:d}", False),
-    ("failed requests", lambda s: s.failed, "{:d}", False),
-    ("chunks with > 1 token", lambda s: s.multi_token_chunks * 100, "{:.1f} %", False),
-    ("prefix-cache hits (of prompt tokens)", lambda s: s.prefix_hit_rate * 100, "{:.1f} %", False),
+def _median(values: list) -> float | int | tuple:
+    if isinstance(values[0], tuple):
+        return tuple(statistics.median(v) for v in zip(*values, strict=True))
+    if isinstance(values[0], int):
+        return statistics.median_low(values)
+    return statistics.median(values)
+
+
+def median_summary(rounds: list[Summary]) -> Summary:
+    """One target's rounds of one workload as one Summary: each field's median (the
+    failures: the most of any round)."""
+    first = rounds[0]
+    medians = {
+        f.name: _median([getattr(r, f.name) for r in rounds])
+        for f in fields(Summary)
+        if f.name not in ("workload", "target", "round")
+    }
+    medians["failed"] = max(r.failed for r in rounds)
+    return replace(first, **medians)
+
+
+def medians(summaries: list[Summary]) -> list[Summary]:
+    """Each (workload, target)'s median_summary, in first-seen order."""
+    groups: dict[tuple[str, str], list[Summary]] = {}
+    for s in summaries:
+        groups.setdefault((s.workload, s.target), []).append(s)
+    return [median_summary(rounds) for rounds in groups.values()]
+
+
+HIGHER, LOWER, NO_RATIO = 1, -1, 0
+ROWS = [  # (metric, value, format, which way is better: the ratio column shows it unless 0)
+    ("output tok/s", lambda s: s.tokens_per_s, "{:.1f}", HIGHER),
+    ("goodput (req/s at the SLO)", lambda s: s.goodput, "{:.3f}", HIGHER),
+    ("requests meeting the SLO", lambda s: s.met_slo, "{:d}", NO_RATIO),
+    ("TTFT p50 (s)", lambda s: s.ttft_s[0], "{:.3f}", LOWER),
+    ("TTFT p99 (s)", lambda s: s.ttft_s[1], "{:.3f}", LOWER),
+    ("ITL p50 (ms)", lambda s: s.itl_ms[0], "{:.1f}", LOWER),
+    ("ITL p99 (ms)", lambda s: s.itl_ms[1], "{:.1f}", LOWER),
+    ("E2E p50 (s)", lambda s: s.e2e_s[0], "{:.2f}", LOWER),
+    ("E2E p99 (s)", lambda s: s.e2e_s[1], "{:.2f}", LOWER),
+    ("wall (s)", lambda s: s.wall_s, "{:.1f}", LOWER),
+    ("output tokens", lambda s: s.output_tokens, "{:d}", NO_RATIO),
+    ("failed requests", lambda s: s.failed, "{:d}", NO_RATIO),
+    ("chunks with > 1 token", lambda s: s.multi_token_chunks * 100, "{:.1f} %", NO_RATIO),
+    (
+        "prefix-cache hits (of prompt tokens)",
+        lambda s: s.prefix_hit_rate * 100,
+        "{:.1f} %",
+        NO_RATIO,
+    ),
 ]
 
 
+def _ratio_cell(a_rounds: list[Summary], b_rounds: list[Summary], value, better: int) -> str:
+    """The median over paired rounds of a's value ÷ b's; with several rounds, also in how
+    many of them a was at least as good as b."""
+    pairs = [(value(a), value(b)) for a, b in zip(a_rounds, b_rounds, strict=False)]
+    ratios = [x / y for x, y in pairs if y and x == x and y == y]
+    if not ratios:
+        return ""
+    cell = f"{statistics.median(ratios):.2f}×"
+    if len(ratios) > 1:
+        as_good = sum(1 for r in ratios if (r >= 1 if better == HIGHER else r <= 1))
+        cell += f" ({as_good}/{len(ratios)})"
+    return cell
+
+
 def workload_table(summaries: list[Summary], ratio: tuple[str, str] | None) -> list[str]:
-    """One row per metric, one column per target, then `ratio` = (a, b): a ÷ b."""
-    head = ["metric", *(s.target for s in summaries)]
-    by_target = {s.target: s for s in summaries}
+    """One row per metric, one column per target (its median over the rounds), then
+    `ratio` = (a, b): the median of a ÷ b over the rounds, and with several rounds in how
+    many a was at least as good as b."""
+    by_target: dict[str, list[Summary]] = {}
+    for s in summaries:
+        by_target.setdefault(s.target, []).append(s)
+    middle = {t: median_summary(rounds) for t, rounds in by_target.items()}
+    head = ["metric", *by_target]
     if ratio:
         head.append(f"{ratio[0]} ÷ {ratio[1]}")
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
-    for name, value, fmt, with_ratio in ROWS:
-        cells = [fmt.format(value(s)) for s in summaries]
+    for name, value, fmt, better in ROWS:
+        cells = [fmt.format(value(m)) for m in middle.values()]
         if ratio:
-            a, b = (value(by_target[t]) for t in ratio)
-            cells.append(f"{a / b:.2f}×" if with_ratio and b and a == a and b == b else "")
+            a, b = (by_target[t] for t in ratio)
+            cells.append(_ratio_cell(a, b, value, better) if better != NO_RATIO else "")
         lines.append(
             f"| {name} | " + " | ".join(cells).replace("nan %", "—").replace("nan", "—") + " |"
         )
@@ -158,7 +223,8 @@ def _grid(summaries: list[Summary], metrics, groups: list[str], path: Path, titl
 
 def plot(summaries: list[Summary], latency_png: Path, throughput_png: Path, title: str) -> None:
     """Latency percentiles (TTFT, ITL, E2E, p50 and p99) and throughput (output tok/s,
-    goodput) per workload, both targets side by side."""
+    goodput) per workload, both targets side by side (medians over the rounds)."""
+    summaries = medians(summaries)
     latency = [
         ("TTFT (s)", lambda s: s.ttft_s),
         ("ITL (ms)", lambda s: s.itl_ms),

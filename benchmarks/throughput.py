@@ -1,16 +1,20 @@
 """Offline throughput of kvserve against transformers and vLLM on one random-weight model.
 
-    python benchmarks/throughput.py [--dtype bf16 fp32] [--vllm VLLM_PYTHON] [--quick]
+    python benchmarks/throughput.py [--dtype bf16 fp32] [--vllm VLLM_PYTHON] [--rounds N] [--quick]
 
 Workload: 64 requests, prompt lengths uniform in 32–512 (seeded random token ids, the same
 for every engine), 128 output tokens each, greedy, EOS ignored, prefix caching off. Each
-engine runs in a process of its own; the table goes to stdout and to --out. See README.md.
+engine runs in a process of its own, --rounds times, the engines taking turns in every
+round (a shared machine drifts by ±15 % within minutes: a ratio of two runs minutes apart
+is noise, the median of paired rounds is not); the table goes to stdout and to --out. See
+README.md.
 """
 
 import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         help="run the one-at-a-time baseline on only the first N requests (it is the slowest)",
     )
+    p.add_argument("--rounds", type=int, default=1, help="runs of each engine, taking turns")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800, help="seconds per engine run")
     p.add_argument("--out", type=Path, default=HERE / "results" / "latest.md")
@@ -148,39 +153,56 @@ def run_one(
     return result
 
 
+def _rate(result: dict[str, Any]) -> float:
+    return result["output_tokens"] / result["wall_s"]
+
+
 def engine_table(dtype: str, run: dict[str, Any]) -> list[str]:
-    results = run["results"]
-    ref_name = next((e for e in ("kvserve", "hf_single") if "outputs" in results.get(e, {})), None)
-    ref = results[ref_name] if ref_name else None
-    kv = results.get("kvserve", {})
-    kv_rate = kv["output_tokens"] / kv["wall_s"] if "wall_s" in kv else None
+    """One row per engine: its median round, the spread of its rounds, and kvserve's median
+    ratio to it over the rounds that both finished (round i of each, run minutes apart)."""
+    results = run["results"]  # engine -> its rounds' results, in order
+    ok = {e: [r for r in rounds if "wall_s" in r] for e, rounds in results.items()}
+    ref_name = next((e for e in ("kvserve", "hf_single") if ok.get(e)), None)
+    ref = ok[ref_name][0] if ref_name else None
     lines = [
-        f"| {dtype}: engine | requests | wall s | out tok/s | kvserve ÷ it "
+        f"| {dtype}: engine | requests | rounds | wall s (median) | out tok/s (median) "
+        f"| out tok/s (min–max) | kvserve ÷ it (median of rounds) "
         f"| same tokens as {ref_name or '—'} | load after |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for engine, r in results.items():
-        if "error" in r:
+    for engine, rounds in results.items():
+        loads = "/".join(f"{r['load']:.1f}" for r in rounds)
+        if not ok[engine]:
+            error = rounds[-1]["error"]
             lines.append(
-                f"| {ENGINES[engine]} | — | failed: {r['error']} | — | — | — | {r['load']:.1f} |"
+                f"| {ENGINES[engine]} | — | {len(rounds)} | failed: {error} | — | — | — | — "
+                f"| {loads} |"
             )
             continue
-        rate = r["output_tokens"] / r["wall_s"]
-        ratio = f"{kv_rate / rate:.2f}×" if kv_rate else "—"
-        outputs = r["outputs"]
+        rates = [_rate(r) for r in ok[engine]]
+        paired = [
+            _rate(k) / _rate(r)
+            for k, r in zip(results.get("kvserve", []), rounds, strict=False)
+            if "wall_s" in k and "wall_s" in r
+        ]
+        ratio = f"{statistics.median(paired):.2f}×" if paired else "—"
+        outputs = ok[engine][0]["outputs"]
         same = "—"
         if ref:
             pairs = list(zip(outputs, ref["outputs"], strict=False))
             same = f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
+        wall = statistics.median(r["wall_s"] for r in ok[engine])
         lines.append(
-            f"| {ENGINES[engine]} | {len(outputs)} | {r['wall_s']:.1f} | {rate:.1f} | {ratio} "
-            f"| {same} | {r['load']:.1f} |"
+            f"| {ENGINES[engine]} | {len(outputs)} | {len(ok[engine])} | {wall:.1f} "
+            f"| {statistics.median(rates):.1f} | {min(rates):.1f}–{max(rates):.1f} | {ratio} "
+            f"| {same} | {loads} |"
         )
     return lines
 
 
 def floors_table(runs: dict[str, dict[str, Any]], workload: Workload) -> list[str]:
     total_tokens = workload.prompt_tokens + len(workload.prompts) * workload.max_tokens
+    output_tokens = len(workload.prompts) * workload.max_tokens
     lines = [
         "| dtype | copy GB/s | bytes read per decode step | bandwidth floor ms "
         "| kvserve decode step ms | step ÷ floor | matmul GFLOP/s | compute floor s "
@@ -190,14 +212,18 @@ def floors_table(runs: dict[str, dict[str, Any]], workload: Workload) -> list[st
     for dtype, run in runs.items():
         ckpt: Checkpoint = run["checkpoint"]
         bw_floor_ms = ckpt.decode_weight_bytes / (run["bandwidth_gbs"] * 1e9) * 1000
-        compute_floor_s = 2 * ckpt.num_params * total_tokens / (run["gflops"] * 1e9)
-        kv = run["results"].get("kvserve", {})
-        step = f"{kv['decode_step_ms']:.2f}" if "decode_step_ms" in kv else "—"
-        step_ratio = f"{kv['decode_step_ms'] / bw_floor_ms:.2f}" if "decode_step_ms" in kv else "—"
-        wall_ratio = f"{kv['wall_s'] / compute_floor_s:.2f}" if "wall_s" in kv else "—"
+        flops = 2 * (ckpt.layer_linear_params * total_tokens + ckpt.lm_head_params * output_tokens)
+        compute_floor_s = flops / (run["gflops"] * 1e9)
+        kv_rounds = [r for r in run["results"].get("kvserve", []) if "wall_s" in r]
+        steps = [r["decode_step_ms"] for r in kv_rounds]
+        step = statistics.median(steps) if steps else None
+        wall = statistics.median(r["wall_s"] for r in kv_rounds) if kv_rounds else None
+        step_text = f"{step:.2f}" if step else "—"
+        step_ratio = f"{step / bw_floor_ms:.2f}" if step else "—"
+        wall_ratio = f"{wall / compute_floor_s:.2f}" if wall else "—"
         lines.append(
             f"| {dtype} | {run['bandwidth_gbs']:.1f} | {ckpt.decode_weight_bytes / 1e6:.0f} MB "
-            f"| {bw_floor_ms:.2f} | {step} | {step_ratio} | {run['gflops']:.0f} "
+            f"| {bw_floor_ms:.2f} | {step_text} | {step_ratio} | {run['gflops']:.0f} "
             f"| {compute_floor_s:.1f} | {wall_ratio} |"
         )
     return lines
@@ -212,9 +238,10 @@ def report(
 ) -> str:
     vllm_version = next(
         (
-            r["results"]["vllm"]["version"]
-            for r in runs.values()
-            if "version" in r["results"].get("vllm", {})
+            result["version"]
+            for run in runs.values()
+            for result in run["results"].get("vllm", [])
+            if "version" in result
         ),
         None,
     )
@@ -236,15 +263,20 @@ def report(
         f"{args.max_prompt} (seed {args.seed}; {workload.prompt_tokens} prompt tokens), "
         f"{workload.max_tokens} output tokens each, greedy, EOS ignored, prefix caching off; "
         f"random Llama, {ckpt.num_params / 1e6:.1f}M parameters. Static batches: "
-        f"{args.batch_size} requests in arrival order. Wall time after a short warm-up.",
+        f"{args.batch_size} requests in arrival order. Wall time after a short warm-up. "
+        f"Rounds: {args.rounds}, each engine once a round in the order of the table; medians "
+        "over rounds, and the ratio as the median of each round's own ratio.",
         "",
     ]
     for dtype, run in runs.items():
         lines += [*engine_table(dtype, run), ""]
     lines += [
         "Floors. Bandwidth floor: bytes of every weight but the input embedding ÷ measured copy "
-        "bandwidth (bytes read + written per second, copying 1 GiB). Compute floor: "
-        "2 · parameters · (prompt + output tokens) ÷ measured matmul rate (2048² products).",
+        "bandwidth (bytes read + written per second, copying 1 GiB). Compute floor: the "
+        "linear layers' products, 2 · (the decoder layers' linear weights · (prompt + output "
+        "tokens) + the output projection's weights · output tokens), ÷ the matmul rate "
+        "measured through kvserve's own linear layer (2048² products); attention and every "
+        "other op come on top.",
         "",
         *floors_table(runs, workload),
         "",
@@ -270,13 +302,14 @@ def main() -> None:
         for dtype in args.dtype:
             (Path(tmp) / dtype).mkdir()
             runs[dtype], specs[dtype] = prepare_dtype(dtype, workload, args, Path(tmp))
-        # Engine by engine (in --engines order), each in every dtype: a run cut short
-        # keeps the first engines' results in both dtypes.
-        for engine in args.engines:
-            for dtype in args.dtype:
-                result = run_one(engine, dtype, specs[dtype], args, Path(tmp))
-                runs[dtype]["results"][engine] = result
-                publish()
+        # Round by round, engine by engine (in --engines order), each in every dtype: a
+        # run cut short keeps the first engines' results in both dtypes.
+        for _ in range(args.rounds):
+            for engine in args.engines:
+                for dtype in args.dtype:
+                    result = run_one(engine, dtype, specs[dtype], args, Path(tmp))
+                    runs[dtype]["results"].setdefault(engine, []).append(result)
+                    publish()
     print(args.out.read_text())
     print(f"written to {args.out} at {time.strftime('%H:%M:%S')}", file=sys.stderr)
 
