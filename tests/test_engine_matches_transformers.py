@@ -9,7 +9,8 @@ from joined_outputs import JoinedOutputs
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.models import decoder
+from kvserve.engine import cpu_library
+from kvserve.engine.models import decoder, panel_linear
 
 from audit import assert_all_released, audit_blocks
 from checkpoints import FAMILIES
@@ -95,3 +96,24 @@ def test_greedy_matches_transformers_with_the_cpu_mlp_in_row_chunks(checkpoint, 
     for prompt, got in zip(prompts, outputs, strict=True):
         assert_greedy_match(path, prompt, hf_greedy(path, prompt, MAX_TOKENS), got)
     assert max(chunks) == 7
+
+
+@pytest.mark.skipif("avx2" not in cpu_library.supported_isas(), reason="this CPU has no AVX2")
+def test_greedy_matches_transformers_through_the_float32_panel_kernel(checkpoint, monkeypatch):
+    """On an AVX2 CPU every float32 linear runs the project's kernel (panel_linear): the
+    tokens are still transformers', through chunked prefill and batched decode."""
+    monkeypatch.setattr(cpu_library, "default_isa", lambda: "avx2")
+    path = str(checkpoint("qwen2"))
+    engine = LLMEngine(
+        EngineConfig(
+            model=path, dtype="float32", block_size=4, max_num_batched_tokens=64,
+            enable_prefix_caching=False,
+        )
+    )  # fmt: skip
+    assert isinstance(engine.runner.model.layers[0].self_attn.qkv_proj, panel_linear.PanelLinear)
+    assert isinstance(engine.runner.model.lm_head, panel_linear.PanelLinear)
+    prompts = make_prompts(seed=5, shared_prefixes=False)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outputs = run(engine, prompts, params)
+    for prompt, got in zip(prompts, outputs, strict=True):
+        assert_greedy_match(path, prompt, hf_greedy(path, prompt, MAX_TOKENS), got)

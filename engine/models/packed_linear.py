@@ -1,4 +1,5 @@
-"""Linear layers on a CPU with their weights prepacked once for oneDNN.
+"""Linear layers on a CPU with their weights prepacked once: for oneDNN, or for float32 on
+an AVX2 CPU into the panels of the project's own kernel (``panel_linear``).
 
 torch's plain matmul re-lays a bf16 weight out on every call, and its float32 matmul
 goes to MKL, which on AMD CPUs takes a narrower code path; oneDNN keeps the weight in its
@@ -11,10 +12,15 @@ on an AVX-512 EPYC and differs from MKL's in rounding only (accumulation order, 
 import torch
 from torch import nn
 
+from kvserve.engine.models import panel_linear
+
 BATCH_HINT = 64  # the row count oneDNN tunes the packed layout for; any count works
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether ``pack_linears`` packs a model's linears in ``dtype`` on ``device``."""
+    if panel_linear.can_use(dtype, device):
+        return True
     mkldnn = torch.ops.mkldnn
     return (
         device.type == "cpu"
@@ -41,8 +47,13 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> None:
-    """Replace every ``nn.Linear`` of ``model`` by a ``PackedLinear``, in place."""
+    """Replace every ``nn.Linear`` of ``model`` by a ``PanelLinear`` (where
+    ``panel_linear.can_use``) or a ``PackedLinear``, in place."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
+            if not isinstance(child, nn.Linear):
+                continue
+            if panel_linear.can_use(child.weight.dtype, child.weight.device):
+                setattr(module, name, panel_linear.PanelLinear(child))
+            else:
                 setattr(module, name, PackedLinear(child))

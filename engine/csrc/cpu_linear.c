@@ -1,0 +1,55 @@
+/* Float32 linear layers for the CPU over weights packed once into panels:
+ * out[m, n] = x[m] · w[n] (+ bias[n]).
+ *
+ * panels: [ceil(n / NR)][k][NR] float32, panel p holding rows p * NR ... of w transposed
+ * (w[n][i] at panels[n / NR][i][n % NR]), zeros past the last row; NR is the SIMD path's
+ * panel width (linear_tile_shape). bias: NULL, or ceil(n / NR) * NR floats (zeros past n).
+ * x: m rows of k floats, x_stride apart; out: [m, n], contiguous.
+ *
+ * One pass, no packing of x: the work items, (block of M_BLOCK rows, panel), run on OpenMP
+ * threads (torch's, see cpu_decode.c), rows-block major, so a thread streams its panels
+ * while its rows stay in cache. Each item is register tiles of the path's MR rows by the
+ * panel's NR columns, every sum kept in registers over all of k (cpu_linear_isa.h), and
+ * fetches its next panel while it reads the current one. Against oneDNN's float32 path on
+ * the 134M model's shapes (benchmarks/cpu-levers.md, lever 7): faster at decode batch
+ * sizes, level at prefill sizes. Returns 0, or -1 for an ISA this CPU lacks. */
+#include <stddef.h>
+
+#include "cpu_common.h"
+
+#define M_BLOCK 128
+
+#define ISA_BODY "cpu_linear_isa.h"
+#include "cpu_targets.h"
+
+typedef void (*tile_fn)(const float *, int64_t, const float *, int, int, float *, int64_t,
+                        const float *, int, const float *);
+
+/* The panel width NR of the SIMD path `isa` (and its tile's rows in *rows), or -1. */
+int linear_tile_shape(int isa, int *rows) {
+    if (!isa_usable(isa)) return -1;
+    return PICK(tile_shape, isa)(rows);
+}
+
+int linear_f32(const float *x, const float *panels, const float *bias, float *out, int m, int n,
+               int k, int64_t x_stride, int num_threads, int isa) {
+    if (!isa_usable(isa)) return -1;
+    int mr;
+    const int nr = PICK(tile_shape, isa)(&mr);
+    const tile_fn tile = PICK(linear_tile, isa);
+    const int num_panels = (n + nr - 1) / nr, num_blocks = (m + M_BLOCK - 1) / M_BLOCK;
+    const int64_t items = (int64_t)num_panels * num_blocks;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t item = 0; item < items; item++) {
+        const int p = item % num_panels, m0 = item / num_panels * M_BLOCK;
+        const int m1 = m0 + M_BLOCK < m ? m0 + M_BLOCK : m;
+        const int n0 = p * nr, cols = n - n0 < nr ? n - n0 : nr;
+        const float *panel = panels + (int64_t)p * k * nr;
+        const float *next = p + 1 < num_panels ? panel + (int64_t)k * nr : NULL;
+        for (int r = m0; r < m1; r += mr)
+            tile(x + r * x_stride, x_stride, panel, k, m1 - r < mr ? m1 - r : mr,
+                 out + (int64_t)r * n + n0, n, bias != NULL ? bias + n0 : NULL, cols,
+                 r == m0 ? next : NULL);
+    }
+    return 0;
+}

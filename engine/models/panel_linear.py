@@ -1,0 +1,90 @@
+"""Float32 linear layers on a CPU through the project's own kernel (``csrc/cpu_linear.c``),
+over a weight packed once into panels of the SIMD path's width.
+
+The kernel keeps every sum in registers over the whole reduction and fetches the next panel
+while it reads the current one. The engine takes it where it beats oneDNN's float32 path
+(``PackedLinear``), on CPUs whose widest path is AVX2 (PANEL_ISAS): there oneDNN's AVX2
+kernels lose up to a third of the rate at decode batch sizes. Measured alternating in one
+process on the 134M benchmark model with torch, oneDNN and these kernels held to AVX2
+(benchmarks/cpu-levers.md, lever 7): a 16-stream decode 1.19-1.23x, W1 1.08-1.22x. On
+AVX-512 the two are level (0.90-1.12x), and oneDNN, at the machine's peak on prefill-sized
+batches, stays. Sums run in k order: results differ from oneDNN's and MKL's in rounding.
+"""
+
+import ctypes
+
+import torch
+from torch import nn
+
+from kvserve.engine import cpu_library
+from kvserve.engine.cdiv import cdiv
+
+
+def tile_shape(isa: str) -> tuple[int, int]:
+    """(rows, panel width) of a register tile on the SIMD path ``isa``; needs the library."""
+    lib = cpu_library.load()
+    assert lib is not None
+    rows = ctypes.c_int()
+    width = lib.linear_tile_shape(cpu_library.ISAS[isa], ctypes.byref(rows))
+    if width < 0:
+        raise RuntimeError(f"the CPU kernels have no {isa} path here")
+    return rows.value, width
+
+
+PANEL_ISAS = ("avx2",)
+"""The widest SIMD paths on which the engine packs float32 linears for this kernel."""
+
+
+def can_use(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the engine packs float32 linears for this kernel here (see PANEL_ISAS)."""
+    return (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and cpu_library.available()
+        and cpu_library.default_isa() in PANEL_ISAS
+    )
+
+
+class PanelLinear(nn.Module):
+    """``nn.Linear``'s forward for float32 on a CPU. ``panels``: [ceil(out / W), in, W], the
+    weight's rows W at a time, transposed (W: the panel width of ``isa``), zeros past the
+    last row; ``padded_bias``: the bias with zeros to a whole panel (or None)."""
+
+    panels: torch.Tensor
+
+    def __init__(self, linear: nn.Linear, isa: str | None = None) -> None:
+        super().__init__()
+        self.isa = isa or cpu_library.default_isa()
+        self.out_features, self.in_features = linear.weight.shape
+        width = tile_shape(self.isa)[1]
+        padded = cdiv(self.out_features, width) * width
+        weight = torch.zeros(padded, self.in_features, dtype=torch.float32)
+        weight[: self.out_features] = linear.weight.detach()
+        panels = weight.view(padded // width, width, self.in_features).transpose(1, 2)
+        self.register_buffer("panels", panels.contiguous())
+        self.padded_bias: torch.Tensor | None = None
+        if linear.bias is not None:
+            self.padded_bias = torch.zeros(padded, dtype=torch.float32)
+            self.padded_bias[: self.out_features] = linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.stride(1) != 1:
+            rows = rows.contiguous()
+        out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
+        lib = cpu_library.load()
+        assert lib is not None
+        status = lib.linear_f32(
+            rows.data_ptr(),
+            self.panels.data_ptr(),
+            None if self.padded_bias is None else self.padded_bias.data_ptr(),
+            out.data_ptr(),
+            rows.shape[0],
+            self.out_features,
+            self.in_features,
+            rows.stride(0),
+            torch.get_num_threads(),
+            cpu_library.ISAS[self.isa],
+        )
+        cpu_library.check(status, "linear_f32", self.isa)
+        return out.view(*x.shape[:-1], self.out_features)
