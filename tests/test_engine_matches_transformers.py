@@ -7,9 +7,9 @@ import pytest
 from joined_outputs import JoinedOutputs
 
 from kvserve import SamplingParams
+from kvserve.engine import cpu_library
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine import cpu_library
 from kvserve.engine.models import decoder, panel_linear
 
 from audit import assert_all_released, audit_blocks
