@@ -478,6 +478,8 @@ def main() -> None:
     title = f"{cpu_model()}, {os.cpu_count()} CPUs" + (
         f", {args.dtype}" if args.kvserve or args.vllm else ""
     )
+    if args.rounds > 1:
+        title += f", medians of {args.rounds} rounds"
     plot(summaries, Path(f"{stem}-latency.png"), Path(f"{stem}-throughput.png"), title)
     if args.json:
         rows = [{k: v for k, v in asdict(r).items() if k != "text"} for r in records]
