@@ -1,8 +1,5 @@
 /* The per-ISA part of cpu_decode.c: included once per SIMD target with ISA set to its
  * name suffix; the compiler vectorises these loops for that target's vector width. */
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
-#define FN(name) CAT(name, ISA)
 
 static inline float FN(dot)(const float *q, const void *k, int is_bf16, int n) {
     float sum = 0.0f;
@@ -67,7 +64,3 @@ static void FN(decode_item)(const struct decode_args *a, int s, int h0, int h1, 
     }
     for (int i = 0; i < heads * hd; i++) store(a->out, q_offset + i, a->is_bf16, acc[i]);
 }
-
-#undef FN
-#undef CAT
-#undef CAT_

@@ -1,8 +1,5 @@
 /* The per-ISA rows of cpu_fused.c (included by cpu_targets.h once per SIMD target). Each
  * function does one token's row; results are rounded where torch's unfused ops round. */
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
-#define FN(name) CAT(name, ISA)
 
 static void FN(rms_norm_row)(void *x, void *residual, const void *weight, void *out, int n,
                              float eps, int is_bf16) {
@@ -72,7 +69,3 @@ static void FN(rope_row)(void *x, int heads, int head_dim, const void *cos, cons
         }
     }
 }
-
-#undef FN
-#undef CAT
-#undef CAT_

@@ -3,14 +3,6 @@
  * floats): MR * NR_VECS accumulators, the panel row's NR_VECS vectors and one broadcast
  * of x fit the target's VEC_REGS registers (8 x 48 on AVX-512; 6 x 16 on AVX2; 6 x 8 on
  * the baseline). */
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
-#define FN(name) CAT(name, ISA)
-typedef float FN(vec) __attribute__((vector_size(VEC * sizeof(float))));
-typedef float FN(vec_at) __attribute__((vector_size(VEC * sizeof(float)), aligned(4), may_alias));
-#define vec FN(vec)
-#define LOADV(v, p) ((v) = *(const FN(vec_at) *)(p))
-#define STOREV(p, v) (*(FN(vec_at) *)(p) = (v))
 #define NR_VECS (VEC_REGS >= 32 ? 3 : 2)
 #define MR (VEC_REGS >= 32 ? 8 : 6)
 #define NR (NR_VECS * VEC)
@@ -83,9 +75,3 @@ static int FN(tile_shape)(int *rows) {
 #undef NR
 #undef MR
 #undef NR_VECS
-#undef STOREV
-#undef LOADV
-#undef vec
-#undef FN
-#undef CAT
-#undef CAT_

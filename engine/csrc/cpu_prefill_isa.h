@@ -1,19 +1,8 @@
 /* The per-ISA part of cpu_prefill.c (included by cpu_targets.h once per SIMD target). The
  * tiles are GCC vector types of the target's own width, so the same source is a
- * register-blocked kernel on each. */
-#define CAT_(a, b) a##_##b
-#define CAT(a, b) CAT_(a, b)
-#define FN(name) CAT(name, ISA)
-/* This target's vector of VEC floats, and the same at any float's address for unaligned
- * loads and stores (macros: a vector passed by value has a different ABI on each target). A
- * key tile's scores are VECS of them, and so are OUT_FLOATS output dims; TILE_ROWS rows of
- * either, and the VECS key or value vectors they multiply, fit the target's VEC_REGS
- * registers. */
-typedef float FN(vec) __attribute__((vector_size(VEC * sizeof(float))));
-typedef float FN(vec_at) __attribute__((vector_size(VEC * sizeof(float)), aligned(4), may_alias));
-#define vec FN(vec)
-#define LOADV(v, p) ((v) = *(const FN(vec_at) *)(p))
-#define STOREV(p, v) (*(FN(vec_at) *)(p) = (v))
+ * register-blocked kernel on each: a key tile's scores are VECS of the target's vectors
+ * (vec, cpu_target_body.h), and so are OUT_FLOATS output dims; TILE_ROWS rows of either,
+ * and the VECS key or value vectors they multiply, fit the target's VEC_REGS registers. */
 #define VECS (KEY_TILE / VEC)
 #define OUT_FLOATS KEY_TILE
 #define FIT ((VEC_REGS - VECS) / VECS)
@@ -195,9 +184,3 @@ static void FN(prefill_item)(const struct prefill_args *a, const float *packed, 
 #undef OUT_FLOATS
 #undef FIT
 #undef VECS
-#undef STOREV
-#undef LOADV
-#undef vec
-#undef FN
-#undef CAT
-#undef CAT_
