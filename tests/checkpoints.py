@@ -101,9 +101,9 @@ def build_checkpoint(
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # larger weights than the default init: sharper, less tie-prone logits
-        for param in model.parameters():
-            if param.dim() == 2:
-                param.normal_(0, 0.08)
+        for name, param in model.named_parameters():
+            if param.dim() == 2 or name.endswith(".bias"):  # biases nonzero: a path dropping
+                param.normal_(0, 0.08)  # one must change the tokens
     model.save_pretrained(path)
     trained_tokenizer().save_pretrained(path)
     (path / "chat_template.jinja").write_text(chat_template)
