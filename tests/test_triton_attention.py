@@ -271,21 +271,25 @@ def test_cpu_prefill_with_scores_rising_by_hundreds_matches_torch(seed, backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "block_size"),
-    [(6, 2, 48, 5), (7, 1, 32, 1), (2, 2, 16, 32), (3, 3, 80, 16)],
+    [(6, 2, 48, 5), (7, 1, 32, 1), (2, 2, 16, 32), (3, 3, 80, 16), (4, 2, 8, 16)],
 )
-def test_uncommon_shapes_match_torch(seed, num_heads, num_kv_heads, head_dim, block_size, backend):
+def test_uncommon_shapes_match_torch(
+    seed, num_heads, num_kv_heads, head_dim, block_size, dtype, backend
+):
     """GQA groups and head sizes that are not powers of two (80: one 64-dim pass of the CPU
-    prefill kernel's outputs and a 16-dim tail), tiny head sizes, and block sizes other than
-    16 go through the same masks."""
+    prefill kernel's outputs and a 16-dim tail; 48 and 80 leave the decode kernel's
+    AVX-512 path one vector past its pairs), tiny head sizes, and block sizes other than
+    16 go through the same masks; 8, not a multiple of 16, takes the torch path on the CPU."""
     batch = make_batch(
         [1, 23, 5],
         [40, 23, 71],
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        dtype=torch.float32,
+        dtype=dtype,
         block_size=block_size,
         shared={2: (0, 30 // block_size)},
     )

@@ -4,7 +4,7 @@ A paged cache hurts the torch path: it gathers every sequence's blocks into a pa
 before attending, and attends one prefill chunk at a time. ``csrc/cpu_decode.c`` (one query
 per sequence) and ``csrc/cpu_prefill.c`` (causal chunks, all of a step's in one call) read
 keys and values in place through the block tables instead, on torch's own OpenMP threads
-(see ``cpu_library``). Head sizes that are not a multiple of 16 prefill on the torch path.
+(see ``cpu_library``). Head sizes that are not a multiple of 16 take the torch path.
 """
 
 import torch
@@ -26,7 +26,7 @@ class CPUAttention(TorchAttention):
         self.isa = isa or cpu_library.default_isa()
 
     def _decode(self, query, key_cache, value_cache, meta, seqs: list[int], scale: float):
-        if query.dtype not in DTYPES or key_cache.device.type != "cpu":
+        if query.dtype not in DTYPES or key_cache.device.type != "cpu" or query.shape[2] % 16:
             return super()._decode(query, key_cache, value_cache, meta, seqs, scale)
         tables, seq_lens = _sequences(meta, seqs)
         query = query.contiguous()

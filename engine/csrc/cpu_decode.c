@@ -3,7 +3,7 @@
  *
  * q, out: [num_seqs, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads,
  * head_dim]; tables: [num_seqs, table_stride] int32; seq_lens: [num_seqs] int32. Elements
- * are float32 or bfloat16 bits (is_bf16).
+ * are float32 or bfloat16 bits (is_bf16); head_dim must be a multiple of 16.
  *
  * The work items are (sequence, range of kv heads): whole sequences when there are enough
  * of them to keep every thread busy, else each sequence's heads split further. They run on
@@ -24,8 +24,9 @@ struct decode_args {
     float scale;
 };
 
-/* Rows this many tokens ahead are requested early: measured ~30% faster here. */
-#define PREFETCH_AHEAD 4
+/* Tokens per block of the context (cpu_decode_isa.h): 4 measured fastest of 2-16 on an
+ * Intel Xeon (benchmarks/cpu-levers.md, lever 8). */
+#define DECODE_BLOCK 4
 
 static inline void prefetch(const char *p, int64_t bytes) {
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
@@ -36,12 +37,13 @@ static inline void prefetch(const char *p, int64_t bytes) {
 
 typedef void (*decode_item_fn)(const struct decode_args *, int, int, int, float *);
 
-/* 0 on success, -1 for an ISA this build or this CPU lacks, -2 if scratch memory ran out. */
+/* 0 on success, -1 for an ISA this build or this CPU lacks or a head_dim it does not take,
+ * -2 if scratch memory ran out. */
 int paged_decode(const void *q, const void *key_cache, const void *value_cache,
                  const int32_t *tables, const int32_t *seq_lens, void *out, int num_seqs,
                  int num_heads, int num_kv_heads, int head_dim, int block_size, int table_stride,
                  float scale, int is_bf16, int num_threads, int isa) {
-    if (!isa_usable(isa)) return -1;
+    if (head_dim % 16 != 0 || !isa_usable(isa)) return -1;
     const decode_item_fn item = PICK(decode_item, isa);
     const struct decode_args a = {q,        key_cache, value_cache,  tables,  seq_lens,
                                   out,      num_seqs,  num_heads,    num_kv_heads,

@@ -1,47 +1,137 @@
-/* The per-ISA part of cpu_decode.c: included once per SIMD target with ISA set to its
- * name suffix; the compiler vectorises these loops for that target's vector width. */
+/* The per-ISA part of cpu_decode.c (included by cpu_targets.h once per SIMD target). The
+ * context is read in blocks of DECODE_BLOCK tokens: first every head's scores for the
+ * block's keys, then, after the softmax, every head's weighted sum of its values, each
+ * head's outputs held in registers across the block; the next block's rows are prefetched.
+ *
+ * Head dims go in pairs of vectors (2 VEC elements). A float32 pair is two plain vectors; a
+ * bfloat16 pair is one vector of VEC 32-bit words, each holding two bf16 values: shifted up
+ * 16 bits it gives the even dims as floats, masked the odd ones, so the query and the
+ * accumulators are kept in that order (`lane`) and nothing is widened element by element.
+ * A head_dim that is not a multiple of 2 VEC leaves one vector at the end, read plainly. */
 
-static inline float FN(dot)(const float *q, const void *k, int is_bf16, int n) {
-    float sum = 0.0f;
-    if (is_bf16) {
-        const uint16_t *kb = (const uint16_t *)k;
-        for (int d = 0; d < n; d++) sum += q[d] * bf16_to_f32(kb[d]);
-    } else {
-        const float *kf = (const float *)k;
-        for (int d = 0; d < n; d++) sum += q[d] * kf[d];
-    }
-    return sum;
+/* Where dim i of a head (head_dim hd) sits in the query and accumulator scratch. */
+static inline int FN(lane)(int i, int hd, int is_bf16) {
+    const int paired = hd / (2 * VEC) * (2 * VEC);
+    if (!is_bf16 || i >= paired) return i;
+    const int r = i % (2 * VEC);
+    return i - r + (r % 2) * VEC + r / 2;
 }
 
-static inline void FN(axpy)(float *acc, float p, const void *v, int is_bf16, int n) {
-    if (is_bf16) {
-        const uint16_t *vb = (const uint16_t *)v;
-        for (int d = 0; d < n; d++) acc[d] += p * bf16_to_f32(vb[d]);
-    } else {
-        const float *vf = (const float *)v;
-        for (int d = 0; d < n; d++) acc[d] += p * vf[d];
+/* The pair of vectors at element i (see above). */
+static inline __attribute__((always_inline)) void FN(load_pair)(const void *base, int64_t i,
+                                                                int is_bf16, vec *lo, vec *hi) {
+    typedef uint32_t words __attribute__((vector_size(VEC * 4), aligned(2), may_alias));
+    if (!is_bf16) {
+        LOADV(*lo, (const float *)base + i);
+        LOADV(*hi, (const float *)base + i + VEC);
+        return;
+    }
+    const words w = *(const words *)((const uint16_t *)base + i);
+    *lo = (vec)(w << 16);
+    *hi = (vec)(w & 0xFFFF0000u);
+}
+
+/* The single vector at element i, in dim order. */
+static inline __attribute__((always_inline)) vec FN(load_one)(const void *base, int64_t i,
+                                                              int is_bf16) {
+    typedef uint16_t halves __attribute__((vector_size(VEC * 2), aligned(2), may_alias));
+    typedef uint32_t wide __attribute__((vector_size(VEC * 4)));
+    vec v;
+    if (!is_bf16) {
+        LOADV(v, (const float *)base + i);
+        return v;
+    }
+    return (vec)(__builtin_convertvector(*(const halves *)((const uint16_t *)base + i), wide) << 16);
+}
+
+/* q · k over one head's hd dims (q in lane order). */
+static inline __attribute__((always_inline)) float FN(dot)(const float *q, const void *keys,
+                                                           int64_t k, int hd, int is_bf16) {
+    vec sum = {0};
+    int d = 0;
+    for (; d + 2 * VEC <= hd; d += 2 * VEC) {
+        vec lo, hi, qlo, qhi;
+        FN(load_pair)(keys, k + d, is_bf16, &lo, &hi);
+        LOADV(qlo, q + d);
+        LOADV(qhi, q + d + VEC);
+        sum += qlo * lo + qhi * hi;
+    }
+    if (d < hd) {
+        vec q1;
+        LOADV(q1, q + d);
+        sum += q1 * FN(load_one)(keys, k + d, is_bf16);
+    }
+    float total = 0.0f;
+    for (int i = 0; i < VEC; i++) total += sum[i];
+    return total;
+}
+
+/* acc[0, 2 VEC · pairs) += Σ_j p[j] · values[rows[j] + offset + ...] in lane order, the sums
+ * in registers; inlined with pairs a constant. */
+static inline __attribute__((always_inline)) void FN(add_values)(const void *values,
+                                                                 const int64_t *rows,
+                                                                 int64_t offset, const float *p,
+                                                                 int n, float *acc, int pairs,
+                                                                 int is_bf16) {
+    vec o[4];
+    for (int c = 0; c < 2 * pairs; c++) LOADV(o[c], acc + VEC * c);
+    for (int j = 0; j < n; j++)
+        for (int c = 0; c < pairs; c++) {
+            vec lo, hi;
+            FN(load_pair)(values, rows[j] + offset + 2 * VEC * c, is_bf16, &lo, &hi);
+            o[2 * c] += p[j] * lo;
+            o[2 * c + 1] += p[j] * hi;
+        }
+    for (int c = 0; c < 2 * pairs; c++) STOREV(acc + VEC * c, o[c]);
+}
+
+/* The last single vector's share (head_dim not a multiple of 2 VEC). */
+static inline __attribute__((always_inline)) void FN(add_value_tail)(const void *values,
+                                                                     const int64_t *rows,
+                                                                     int64_t offset,
+                                                                     const float *p, int n,
+                                                                     float *acc, int is_bf16) {
+    vec o;
+    LOADV(o, acc);
+    for (int j = 0; j < n; j++) o += p[j] * FN(load_one)(values, rows[j] + offset, is_bf16);
+    STOREV(acc, o);
+}
+
+/* The rows of tokens [t0, t0 + n) (element offsets of kv head h0), prefetching the span of
+ * the block after. */
+static inline __attribute__((always_inline)) void FN(block_rows)(const struct decode_args *a,
+                                                                 const int32_t *table, int t0,
+                                                                 int n, int len, int64_t first,
+                                                                 const char *cache, int size,
+                                                                 int64_t span, int64_t *rows) {
+    const int row_len = a->num_kv_heads * a->head_dim;
+    for (int j = 0; j < n; j++) {
+        rows[j] = row_offset(table, t0 + j, a->block_size, row_len) + first;
+        if (t0 + j + DECODE_BLOCK < len)
+            prefetch(cache + (row_offset(table, t0 + j + DECODE_BLOCK, a->block_size, row_len) + first) * size, span);
     }
 }
 
-/* Query heads of kv heads [h0, h1) of one sequence. scratch: (h1 - h0) * group * len
- * scores, then (h1 - h0) * group * head_dim accumulators and as many scaled queries. */
-static void FN(decode_item)(const struct decode_args *a, int s, int h0, int h1, float *scratch) {
+static inline __attribute__((always_inline)) void FN(decode_pass)(const struct decode_args *a,
+                                                                  int s, int h0, int h1,
+                                                                  float *scratch, int is_bf16) {
     const int group = a->num_heads / a->num_kv_heads, hd = a->head_dim;
-    const int row_len = a->num_kv_heads * hd, heads = (h1 - h0) * group;
-    const int len = a->seq_lens[s], size = a->is_bf16 ? 2 : 4;
+    const int heads = (h1 - h0) * group, len = a->seq_lens[s], size = is_bf16 ? 2 : 4;
     const int32_t *table = a->tables + (int64_t)s * a->table_stride;
     float *scores = scratch, *acc = scratch + (int64_t)heads * len, *qf = acc + heads * hd;
     const int64_t q_offset = ((int64_t)s * a->num_heads + h0 * group) * hd;
-    for (int i = 0; i < heads * hd; i++) qf[i] = load(a->q, q_offset + i, a->is_bf16) * a->scale;
-    const char *keys = (const char *)a->key_cache, *values = (const char *)a->value_cache;
+    for (int h = 0; h < heads; h++)
+        for (int i = 0; i < hd; i++)
+            qf[h * hd + FN(lane)(i, hd, is_bf16)] = load(a->q, q_offset + h * hd + i, is_bf16) * a->scale;
     const int64_t first = (int64_t)h0 * hd, span = (int64_t)(h1 - h0) * hd * size;
-    for (int t = 0; t < len; t++) {
-        if (t + PREFETCH_AHEAD < len)
-            prefetch(keys + (row_offset(table, t + PREFETCH_AHEAD, a->block_size, row_len) + first) * size, span);
-        const char *row = keys + (row_offset(table, t, a->block_size, row_len) + first) * size;
-        for (int h = 0; h < heads; h++)
-            scores[(int64_t)h * len + t] =
-                FN(dot)(qf + h * hd, row + (int64_t)(h / group) * hd * size, a->is_bf16, hd);
+    int64_t rows[DECODE_BLOCK];
+    for (int t0 = 0; t0 < len; t0 += DECODE_BLOCK) {
+        const int n = len - t0 < DECODE_BLOCK ? len - t0 : DECODE_BLOCK;
+        FN(block_rows)(a, table, t0, n, len, first, a->key_cache, size, span, rows);
+        for (int j = 0; j < n; j++)
+            for (int h = 0; h < heads; h++)
+                scores[(int64_t)h * len + t0 + j] =
+                    FN(dot)(qf + h * hd, a->key_cache, rows[j] + (int64_t)(h / group) * hd, hd, is_bf16);
     }
     for (int h = 0; h < heads; h++) {
         float *p = scores + (int64_t)h * len, max = -INFINITY, sum = 0.0f;
@@ -54,13 +144,32 @@ static void FN(decode_item)(const struct decode_args *a, int s, int h0, int h1, 
         for (int t = 0; t < len; t++) p[t] *= inv;
     }
     memset(acc, 0, sizeof(float) * heads * hd);
-    for (int t = 0; t < len; t++) {
-        if (t + PREFETCH_AHEAD < len)
-            prefetch(values + (row_offset(table, t + PREFETCH_AHEAD, a->block_size, row_len) + first) * size, span);
-        const char *row = values + (row_offset(table, t, a->block_size, row_len) + first) * size;
-        for (int h = 0; h < heads; h++)
-            FN(axpy)(acc + h * hd, scores[(int64_t)h * len + t],
-                     row + (int64_t)(h / group) * hd * size, a->is_bf16, hd);
+    for (int t0 = 0; t0 < len; t0 += DECODE_BLOCK) {
+        const int n = len - t0 < DECODE_BLOCK ? len - t0 : DECODE_BLOCK;
+        FN(block_rows)(a, table, t0, n, len, first, a->value_cache, size, span, rows);
+        for (int h = 0; h < heads; h++) {
+            const int64_t offset = (int64_t)(h / group) * hd;
+            const float *p = scores + (int64_t)h * len + t0;
+            float *out = acc + h * hd;
+            int d = 0;
+            for (; d + 4 * VEC <= hd; d += 4 * VEC)
+                FN(add_values)(a->value_cache, rows, offset + d, p, n, out + d, 2, is_bf16);
+            for (; d + 2 * VEC <= hd; d += 2 * VEC)
+                FN(add_values)(a->value_cache, rows, offset + d, p, n, out + d, 1, is_bf16);
+            if (d < hd) FN(add_value_tail)(a->value_cache, rows, offset + d, p, n, out + d, is_bf16);
+        }
     }
-    for (int i = 0; i < heads * hd; i++) store(a->out, q_offset + i, a->is_bf16, acc[i]);
+    for (int h = 0; h < heads; h++)
+        for (int i = 0; i < hd; i++)
+            store(a->out, q_offset + h * hd + i, is_bf16, acc[h * hd + FN(lane)(i, hd, is_bf16)]);
+}
+
+/* Query heads of kv heads [h0, h1) of one sequence; head_dim a multiple of 16. scratch:
+ * (h1 - h0) * group * len scores, then (h1 - h0) * group * head_dim accumulators and as
+ * many scaled queries. */
+static void FN(decode_item)(const struct decode_args *a, int s, int h0, int h1, float *scratch) {
+    if (a->is_bf16)
+        FN(decode_pass)(a, s, h0, h1, scratch, 1);
+    else
+        FN(decode_pass)(a, s, h0, h1, scratch, 0);
 }
