@@ -42,6 +42,8 @@ SIGNATURES = {
     "rope": [_P] * 4 + [_I] * 4 + [_L] * 2 + [_I] * 4,
     "linear_tile_shape": [_I, _P],
     "linear_f32": [_P] * 4 + [_I] * 3 + [_L] + [_I] * 2,
+    "amx_usable": [],
+    "linear_bf16_amx": [_P] * 4 + [_I] * 3 + [_L] + [_I],
 }
 
 

@@ -1,0 +1,76 @@
+"""bfloat16 linear layers on a CPU with AMX tiles through the project's own kernel
+(``csrc/cpu_amx.c``), over a weight packed once into AMX's pair layout.
+
+oneDNN's AMX path (``PackedLinear``) reaches its peak on prefill-sized batches but not on
+decode-sized ones: on the 134M benchmark model's shapes, on a 2-core Intel Xeon with AMX,
+its whole-model pass at 64 rows streams the weights at ~9 GB/s of the machine's ~21
+(benchmarks/cpu-levers.md, lever 9). This kernel keeps each item's sums in tiles over the
+whole reduction and streams every weight tile once per 32 rows. It is taken for every bf16
+linear whose shape it takes (in features a multiple of 32, out features of 16) where
+``can_use``: each layer keeps one packed weight, not one per kernel. The sums run in k
+order in float32 and are rounded to bf16 once, as oneDNN's are; results may differ from
+oneDNN's in the sums' rounding only.
+"""
+
+import functools
+
+import torch
+from torch import nn
+
+from kvserve.engine import cpu_library
+
+
+@functools.cache
+def _usable() -> bool:
+    lib = cpu_library.load()
+    return lib is not None and lib.amx_usable() == 1
+
+
+def can_use(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether bf16 linears can run this kernel here: a CPU with AMX-BF16 whose kernel
+    grants the tile state, and the library built."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and _usable()
+
+
+def takes(linear: nn.Linear) -> bool:
+    """Whether the kernel takes this layer's shape."""
+    out_features, in_features = linear.weight.shape
+    return in_features % 32 == 0 and out_features % 16 == 0
+
+
+class AmxLinear(nn.Module):
+    """``nn.Linear``'s forward for bfloat16 on AMX. ``panels``: [out / 16, in / 32, 16, 16,
+    2], the weight's 16-row blocks in 32-wide steps of its columns, each step's column pairs
+    as rows; ``bias``: float32, or None."""
+
+    panels: torch.Tensor
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        assert takes(linear)
+        self.out_features, self.in_features = linear.weight.shape
+        weight = linear.weight.detach().to(torch.bfloat16)
+        blocks = weight.view(self.out_features // 16, 16, self.in_features // 32, 16, 2)
+        self.register_buffer("panels", blocks.permute(0, 2, 3, 1, 4).contiguous())
+        self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.stride(1) != 1:
+            rows = rows.contiguous()
+        out = torch.empty(rows.shape[0], self.out_features, dtype=torch.bfloat16)
+        lib = cpu_library.load()
+        assert lib is not None
+        status = lib.linear_bf16_amx(
+            rows.data_ptr(),
+            self.panels.data_ptr(),
+            None if self.bias is None else self.bias.data_ptr(),
+            out.data_ptr(),
+            rows.shape[0],
+            self.out_features,
+            self.in_features,
+            rows.stride(0),
+            torch.get_num_threads(),
+        )
+        cpu_library.check(status, "linear_bf16_amx", "amx")
+        return out.view(*x.shape[:-1], self.out_features)
