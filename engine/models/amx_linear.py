@@ -12,6 +12,7 @@ order in float32 and are rounded to bf16 once, as oneDNN's are; results may diff
 oneDNN's in the sums' rounding only.
 """
 
+import ctypes
 import functools
 
 import torch
@@ -21,9 +22,13 @@ from kvserve.engine import cpu_library
 
 
 @functools.cache
+def _granted(lib: ctypes.CDLL) -> bool:
+    return lib.amx_usable() == 1  # asks Linux for the tile state once per library
+
+
 def _usable() -> bool:
     lib = cpu_library.load()
-    return lib is not None and lib.amx_usable() == 1
+    return lib is not None and _granted(lib)
 
 
 def can_use(dtype: torch.dtype, device: torch.device) -> bool:
