@@ -64,8 +64,8 @@ def test_panels_hold_the_weight_rows_transposed_with_zero_padding():
     assert packed.panels.shape == (1, 3, width)  # 5 rows fit one panel
     assert packed.panels[0, :, :5].tolist() == layer.weight.t().tolist()
     assert not packed.panels[0, :, 5:].any()
-    assert packed.padded_bias is not None
-    assert packed.padded_bias.tolist() == [100.0, 101.0, 102.0, 103.0, 104.0] + [0.0] * (width - 5)
+    assert packed.kernel_bias is not None
+    assert packed.kernel_bias.tolist() == [100.0, 101.0, 102.0, 103.0, 104.0] + [0.0] * (width - 5)
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)

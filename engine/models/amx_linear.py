@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from kvserve.engine import cpu_library
+from kvserve.engine.models.kernel_linear import KernelLinear
 
 
 @functools.cache
@@ -43,12 +44,14 @@ def takes(linear: nn.Linear) -> bool:
     return in_features % 32 == 0 and out_features % 16 == 0
 
 
-class AmxLinear(nn.Module):
+class AmxLinear(KernelLinear):
     """``nn.Linear``'s forward for bfloat16 on AMX. ``panels``: [out / 16, in / 32, 16, 16,
     2], the weight's 16-row blocks in 32-wide steps of its columns, each step's column pairs
-    as rows; ``bias``: float32, or None."""
+    as rows; ``kernel_bias``: float32, or None."""
 
-    panels: torch.Tensor
+    out_dtype = torch.bfloat16
+    kernel = "linear_bf16_amx"
+    isa = "amx"
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -57,25 +60,5 @@ class AmxLinear(nn.Module):
         weight = linear.weight.detach().to(torch.bfloat16)
         blocks = weight.view(self.out_features // 16, 16, self.in_features // 32, 16, 2)
         self.register_buffer("panels", blocks.permute(0, 2, 3, 1, 4).contiguous())
-        self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if rows.stride(1) != 1:
-            rows = rows.contiguous()
-        out = torch.empty(rows.shape[0], self.out_features, dtype=torch.bfloat16)
-        lib = cpu_library.load()
-        assert lib is not None
-        status = lib.linear_bf16_amx(
-            rows.data_ptr(),
-            self.panels.data_ptr(),
-            None if self.bias is None else self.bias.data_ptr(),
-            out.data_ptr(),
-            rows.shape[0],
-            self.out_features,
-            self.in_features,
-            rows.stride(0),
-            torch.get_num_threads(),
-        )
-        cpu_library.check(status, "linear_bf16_amx", "amx")
-        return out.view(*x.shape[:-1], self.out_features)
+        bias = linear.bias
+        self.kernel_bias = None if bias is None else bias.detach().float().contiguous()

@@ -18,6 +18,7 @@ from torch import nn
 
 from kvserve.engine import cpu_library
 from kvserve.engine.cdiv import cdiv
+from kvserve.engine.models.kernel_linear import KernelLinear
 
 
 def tile_shape(isa: str) -> tuple[int, int]:
@@ -45,12 +46,13 @@ def can_use(dtype: torch.dtype, device: torch.device) -> bool:
     )
 
 
-class PanelLinear(nn.Module):
+class PanelLinear(KernelLinear):
     """``nn.Linear``'s forward for float32 on a CPU. ``panels``: [ceil(out / W), in, W], the
     weight's rows W at a time, transposed (W: the panel width of ``isa``), zeros past the
-    last row; ``padded_bias``: the bias with zeros to a whole panel (or None)."""
+    last row; ``kernel_bias``: the bias with zeros to a whole panel (or None)."""
 
-    panels: torch.Tensor
+    out_dtype = torch.float32
+    kernel = "linear_f32"
 
     def __init__(self, linear: nn.Linear, isa: str | None = None) -> None:
         super().__init__()
@@ -62,29 +64,10 @@ class PanelLinear(nn.Module):
         weight[: self.out_features] = linear.weight.detach()
         panels = weight.view(padded // width, width, self.in_features).transpose(1, 2)
         self.register_buffer("panels", panels.contiguous())
-        self.padded_bias: torch.Tensor | None = None
+        self.kernel_bias = None
         if linear.bias is not None:
-            self.padded_bias = torch.zeros(padded, dtype=torch.float32)
-            self.padded_bias[: self.out_features] = linear.bias.detach()
+            self.kernel_bias = torch.zeros(padded, dtype=torch.float32)
+            self.kernel_bias[: self.out_features] = linear.bias.detach()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if rows.stride(1) != 1:
-            rows = rows.contiguous()
-        out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
-        lib = cpu_library.load()
-        assert lib is not None
-        status = lib.linear_f32(
-            rows.data_ptr(),
-            self.panels.data_ptr(),
-            None if self.padded_bias is None else self.padded_bias.data_ptr(),
-            out.data_ptr(),
-            rows.shape[0],
-            self.out_features,
-            self.in_features,
-            rows.stride(0),
-            torch.get_num_threads(),
-            cpu_library.ISAS[self.isa],
-        )
-        cpu_library.check(status, "linear_f32", self.isa)
-        return out.view(*x.shape[:-1], self.out_features)
+    def kernel_args(self) -> tuple[int, ...]:
+        return (cpu_library.ISAS[self.isa],)

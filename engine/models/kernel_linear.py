@@ -1,0 +1,50 @@
+"""The forward shared by the linear layers whose product is one call of a C kernel of the
+project's library (``cpu_library``): ``panel_linear`` (float32) and ``amx_linear`` (bf16).
+Both kernels take (x, packed weight, float32 bias or NULL, out, rows, out features, in
+features, x's row stride, threads), then their own arguments (``kernel_args``)."""
+
+import torch
+from torch import nn
+
+from kvserve.engine import cpu_library
+
+
+class KernelLinear(nn.Module):
+    """``nn.Linear``'s forward over ``x``'s rows (any leading shape, rows strided or not) into
+    a new ``out_dtype`` tensor through the library's function ``kernel``, over ``panels`` (the
+    weight as that kernel packs it) and ``kernel_bias`` (float32, or None); ``isa`` names the
+    path in a failure."""
+
+    panels: torch.Tensor
+    kernel_bias: torch.Tensor | None
+    in_features: int
+    out_features: int
+    out_dtype: torch.dtype
+    kernel: str
+    isa: str
+
+    def kernel_args(self) -> tuple[int, ...]:
+        """The kernel's arguments after the thread count."""
+        return ()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.stride(1) != 1:
+            rows = rows.contiguous()
+        out = torch.empty(rows.shape[0], self.out_features, dtype=self.out_dtype)
+        lib = cpu_library.load()
+        assert lib is not None
+        status = getattr(lib, self.kernel)(
+            rows.data_ptr(),
+            self.panels.data_ptr(),
+            None if self.kernel_bias is None else self.kernel_bias.data_ptr(),
+            out.data_ptr(),
+            rows.shape[0],
+            self.out_features,
+            self.in_features,
+            rows.stride(0),
+            torch.get_num_threads(),
+            *self.kernel_args(),
+        )
+        cpu_library.check(status, self.kernel, self.isa)
+        return out.view(*x.shape[:-1], self.out_features)
