@@ -26,7 +26,7 @@ class CPUAttention(TorchAttention):
         self.isa = isa or cpu_library.default_isa()
 
     def _decode(self, query, key_cache, value_cache, meta, seqs: list[int], scale: float):
-        if query.dtype not in DTYPES or key_cache.device.type != "cpu" or query.shape[2] % 16:
+        if not _kernels_take(query, key_cache):
             return super()._decode(query, key_cache, value_cache, meta, seqs, scale)
         tables, seq_lens = _sequences(meta, seqs)
         query = query.contiguous()
@@ -44,7 +44,7 @@ class CPUAttention(TorchAttention):
     def _prefill_chunks(
         self, query, out, key_cache, value_cache, meta, seqs: list[int], starts, scale: float
     ) -> None:
-        if query.dtype not in DTYPES or key_cache.device.type != "cpu" or query.shape[2] % 16:
+        if not _kernels_take(query, key_cache):
             super()._prefill_chunks(query, out, key_cache, value_cache, meta, seqs, starts, scale)
             return
         if not seqs:
@@ -70,6 +70,12 @@ class CPUAttention(TorchAttention):
         assert lib is not None  # chosen only where cpu_library.available()
         status = getattr(lib, kernel)(*args, torch.get_num_threads(), cpu_library.ISAS[self.isa])
         cpu_library.check(status, kernel, self.isa)
+
+
+def _kernels_take(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
+    """Whether the C kernels take this step: float32 or bf16 on the CPU, head_dim a
+    multiple of 16."""
+    return query.dtype in DTYPES and key_cache.device.type == "cpu" and query.shape[2] % 16 == 0
 
 
 def _sequences(meta, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
