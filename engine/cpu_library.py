@@ -40,6 +40,7 @@ SIGNATURES = {
     "add_rms_norm": [_P] * 4 + [_I] * 2 + [_F] + [_I] * 3,
     "silu_and_mul": [_P] * 2 + [_I] * 5,
     "rope": [_P] * 4 + [_I] * 4 + [_L] * 2 + [_I] * 4,
+    "store_kv": [_P] * 5 + [_I] * 2 + [_L] * 2 + [_I] * 2,
     "linear_tile_shape": [_I, _P],
     "linear_f32": [_P] * 4 + [_I] * 3 + [_L] + [_I] * 2,
     "amx_usable": [],

@@ -296,11 +296,13 @@ def test_uncommon_shapes_match_torch(
     check_attention(batch, seed, backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("num_tokens", [20, 100], ids=["20-tokens", "100-tokens"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_store_kv_is_exact(seed, dtype):
+def test_store_kv_is_exact(seed, dtype, num_tokens, backend):
     """Keys and values are views into one fused projection (strided rows); a negative slot
-    is a padding token and writes nothing."""
-    num_kv_heads, head_dim, block_size, num_blocks, num_tokens = 2, 64, 16, 8, 20
+    is a padding token and writes nothing. 100 tokens: the CPU kernel's threaded copy."""
+    num_kv_heads, head_dim, block_size, num_blocks = 2, 64, 16, 8
     fused = torch.randn(num_tokens, 3 * num_kv_heads * head_dim).to(DEVICE, dtype)
     key, value = (
         fused[:, n * num_kv_heads * head_dim : (n + 1) * num_kv_heads * head_dim].view(
@@ -318,7 +320,7 @@ def test_store_kv_is_exact(seed, dtype):
         key[stored], value[stored], expected_key, expected_value, slots[stored]
     )
 
-    TritonAttention().store_kv(key, value, key_cache, value_cache, slots)
+    backend().store_kv(key, value, key_cache, value_cache, slots)
 
     assert torch.equal(key_cache, expected_key), f"seed {seed}"
     assert torch.equal(value_cache, expected_value), f"seed {seed}"

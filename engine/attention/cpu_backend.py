@@ -1,29 +1,59 @@
-"""The CPU path: C kernels for decode tokens and for prefill chunks.
+"""The CPU path: C kernels for the cache writes, decode tokens and prefill chunks.
 
 A paged cache hurts the torch path: it gathers every sequence's blocks into a padded copy
 before attending, and attends one prefill chunk at a time. ``csrc/cpu_decode.c`` (one query
 per sequence) and ``csrc/cpu_prefill.c`` (causal chunks, all of a step's in one call) read
 keys and values in place through the block tables instead, on torch's own OpenMP threads
 (see ``cpu_library``). Head sizes that are not a multiple of 16 take the torch path.
+``csrc/cpu_store_kv.c`` writes a step's new keys and values straight from the strided views
+of the qkv projection, one row copy per token.
 """
 
 import torch
 
 from kvserve.engine import cpu_library
 from kvserve.engine.attention.torch_backend import TorchAttention
+from kvserve.engine.models.fused_ops import rows_of_heads
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
 class CPUAttention(TorchAttention):
-    """``TorchAttention`` with decode tokens and prefill chunks handled by the C kernels, on
-    ``isa`` (default: the widest SIMD path this CPU runs) and torch's intra-op thread
-    count."""
+    """``TorchAttention`` with cache writes, decode tokens and prefill chunks handled by the
+    C kernels, on ``isa`` (default: the widest SIMD path this CPU runs) and torch's intra-op
+    thread count."""
 
     name = "cpu"
 
     def __init__(self, isa: str | None = None) -> None:
         self.isa = isa or cpu_library.default_isa()
+
+    def store_kv(self, key, value, key_cache, value_cache, slot_mapping):
+        if not (
+            key.dtype in DTYPES
+            and key.dtype == value.dtype == key_cache.dtype == value_cache.dtype
+            and key_cache.device.type == "cpu"
+            and rows_of_heads(key)
+            and rows_of_heads(value)
+            and key_cache.is_contiguous()
+            and value_cache.is_contiguous()
+            and slot_mapping.dtype == torch.int64
+            and slot_mapping.is_contiguous()
+        ):
+            super().store_kv(key, value, key_cache, value_cache, slot_mapping)
+            return
+        lib = cpu_library.load()
+        assert lib is not None  # chosen only where cpu_library.available()
+        status = lib.store_kv(
+            *_pointers(key, value, key_cache, value_cache, slot_mapping),
+            key.shape[0],
+            key.shape[1] * key.shape[2],
+            key.stride(0),
+            value.stride(0),
+            DTYPES[key.dtype],
+            torch.get_num_threads(),
+        )
+        cpu_library.check(status, "store_kv", self.isa)
 
     def _decode(self, query, key_cache, value_cache, meta, seqs: list[int], scale: float):
         if not _kernels_take(query, key_cache):

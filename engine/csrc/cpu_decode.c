@@ -12,9 +12,9 @@
  * once per SIMD target (cpu_targets.h) and `isa` picks one at run time.
  */
 #include <math.h>
-#include <stdlib.h>
 
 #include "cpu_common.h"
+#include "cpu_workspace.h"
 
 struct decode_args {
     const void *q, *key_cache, *value_cache;
@@ -60,7 +60,7 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        float *scratch = malloc(sizeof(float) * scratch_floats);
+        float *scratch = workspace(WORKSPACE_THREAD, sizeof(float) * scratch_floats);
         failed |= scratch == NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < num_seqs * chunks; i++) {
@@ -68,7 +68,6 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
             const int h1 = h0 + per_chunk < num_kv_heads ? h0 + per_chunk : num_kv_heads;
             if (scratch != NULL) item(&a, i / chunks, h0, h1, scratch);
         }
-        free(scratch);
     }
     return failed ? -2 : 0;
 }

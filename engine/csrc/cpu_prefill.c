@@ -12,7 +12,8 @@
  * Two phases on OpenMP threads (torch's, see cpu_decode.c). First every sequence's keys and
  * values are packed once, per kv head, into float32 tiles of KEY_TILE keys (the keys
  * transposed), in one buffer of 8 * head_dim * num_kv_heads bytes per key (every sequence's
- * whole context, rounded up to a tile): read and converted once, not once per query tile.
+ * whole context, rounded up to a tile; the calling thread's workspace, cpu_workspace.c): read
+ * and converted once, not once per query tile.
  * Then the work items, (sequence, kv head, QUERY_TILE query tokens), the ones reading the
  * most keys first, stream those tiles in blocks of ROW_BLOCK rows (cpu_prefill_isa.h).
  * Returns 0, -1 for an ISA this CPU lacks or a head_dim it does not take, -2 if memory ran
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 
 #include "cpu_common.h"
+#include "cpu_workspace.h"
 
 #define KEY_TILE 64
 #define QUERY_TILE 64
@@ -70,7 +72,8 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
     int(*items)[4] = malloc(sizeof(int[4]) * (num_items > 0 ? num_items : 1));
     int(*tiles)[2] = malloc(sizeof(int[2]) * (num_tiles > 0 ? num_tiles : 1));
     int *first_tiles = malloc(sizeof(int) * (num_seqs > 0 ? num_seqs : 1));
-    float *packed = malloc(sizeof(float) * tile_floats * num_kv_heads * (num_tiles > 0 ? num_tiles : 1));
+    float *packed = workspace(WORKSPACE_SHARED, sizeof(float) * tile_floats * num_kv_heads *
+                                                    (num_tiles > 0 ? num_tiles : 1));
     int failed = items == NULL || tiles == NULL || first_tiles == NULL || packed == NULL;
     if (failed) goto done;
     int n = 0, k = 0;
@@ -105,7 +108,7 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
             const int t = i / num_kv_heads;
             pack(&a, tiles[t][0], i % num_kv_heads, tiles[t][1], packed + (int64_t)i * tile_floats);
         }
-        float *scratch = malloc(sizeof(float) * scratch_floats);
+        float *scratch = workspace(WORKSPACE_THREAD, sizeof(float) * scratch_floats);
         failed |= scratch == NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < n; i++) {
@@ -113,12 +116,10 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
             const int i1 = i0 + QUERY_TILE < query_lens[s] ? i0 + QUERY_TILE : query_lens[s];
             if (scratch != NULL) item(&a, packed, s, items[i][1], i0, i1, scratch);
         }
-        free(scratch);
     }
 done:
     free(items);
     free(tiles);
     free(first_tiles);
-    free(packed);
     return failed ? -2 : 0;
 }

@@ -79,7 +79,7 @@ def silu_and_mul(gate_up: torch.Tensor, isa: str | None = None) -> torch.Tensor:
     return out
 
 
-def _rows_of_heads(x: torch.Tensor) -> bool:
+def rows_of_heads(x: torch.Tensor) -> bool:
     """``[tokens, heads, head_dim]`` with each token's heads packed in one strided row."""
     return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
@@ -99,7 +99,7 @@ def rope(
         lib is None
         or positions.dtype != torch.int64
         or not (positions.is_contiguous() and cos_sin.is_contiguous())
-        or not (_rows_of_heads(q) and _rows_of_heads(k))
+        or not (rows_of_heads(q) and rows_of_heads(k))
     ):
         return rope_reference(positions, q, k, cos_sin)
     isa = _isa(isa)
