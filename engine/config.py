@@ -36,6 +36,13 @@ class EngineConfig:
     max_num_seqs: int = setting(64, minimum=1, crd=Crd())
     max_num_batched_tokens: int = setting(2048, minimum=1, crd=Crd())
     max_model_len: int | None = setting(None, minimum=1, crd=Crd())
+    long_prefill_token_threshold: int = setting(
+        0,
+        minimum=0,
+        help="the most prompt tokens one request computes in a step (0: no cap below "
+        "max_num_batched_tokens); a long prompt then shares its steps with the running "
+        "streams' decodes",
+    )
     block_size: int = setting(16, minimum=1, crd=Crd(schema={"enum": [8, 16, 32, 64, 128]}))
     num_kv_blocks: int | None = setting(None, minimum=1, help="exact number of KV blocks")
     kv_cache_memory_gb: float | None = setting(None, help="KV-cache budget in GiB")

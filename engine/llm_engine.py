@@ -72,7 +72,12 @@ class LLMEngine:
                 KVEventLog() if self.kv_events is not None else None,
             )
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len),
+            SchedulerConfig(
+                config.max_num_seqs,
+                config.max_num_batched_tokens,
+                self.max_model_len,
+                config.long_prefill_token_threshold,
+            ),
             self.kv,
         )
         self.sampler = Sampler(self.eos_token_ids)

@@ -13,14 +13,29 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """``long_prefill_token_threshold``: the most prompt tokens one request computes in a
+    step (0: up to the whole budget), so a long prefill shares the steps with the running
+    streams' decodes over several steps instead of stalling them for one long one."""
+
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(
+                "long_prefill_token_threshold must be >= 0, got "
+                f"{self.long_prefill_token_threshold}"
+            )
+
+    def chunk(self, remaining: int, budget: int) -> int:
+        """Tokens a request with ``remaining`` uncomputed tokens gets of ``budget``."""
+        cap = self.long_prefill_token_threshold
+        return min(remaining, budget, cap) if cap > 0 else min(remaining, budget)
 
 
 @dataclass
@@ -107,7 +122,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self.config.chunk(request.num_tokens - request.num_computed_tokens, budget)
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -124,7 +139,7 @@ class Scheduler:
                 break
             computed = self.kv.computed_blocks(request)
             num_cached = len(computed) * self.kv.block_size
-            num_new = min(request.num_tokens - num_cached, budget)
+            num_new = self.config.chunk(request.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(request, num_new, computed):
                 break
             self.waiting.remove(request)

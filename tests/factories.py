@@ -24,9 +24,13 @@ def make_scheduler(
     max_num_batched_tokens: int = 64,
     max_model_len: int = 256,
     caching: bool = False,
+    long_prefill_token_threshold: int = 0,
 ) -> Scheduler:
     kv = KVCacheManager(num_blocks, block_size, caching)
-    return Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len), kv)
+    config = SchedulerConfig(
+        max_num_seqs, max_num_batched_tokens, max_model_len, long_prefill_token_threshold
+    )
+    return Scheduler(config, kv)
 
 
 def finish_step(scheduler: Scheduler, out, token: int = 99) -> None:

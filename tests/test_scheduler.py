@@ -1,5 +1,7 @@
 """Scheduling policy: the token budget, chunking, preemption order, stop rules."""
 
+import pytest
+
 from kvserve.engine.request import RequestStatus
 
 from factories import finish_step, make_request, make_scheduler
@@ -23,6 +25,31 @@ def test_budget_is_spent_on_running_requests_first_then_waiting_ones_in_chunks()
     assert plan(out) == [(a.request_id, 1), (b.request_id, 1), (c.request_id, 26)]
     finish_step(s, out)
     assert (c.output_token_ids, c.num_computed_tokens) == ([99], 30)
+
+
+def test_long_prefill_threshold_spreads_a_prompt_over_steps_beside_the_running_decodes():
+    s = make_scheduler(max_num_batched_tokens=64, long_prefill_token_threshold=12)
+    a = make_request(10, max_tokens=8)
+    s.add(a)
+    finish_step(s, s.schedule())  # a's 10-token prompt is under the threshold: one step
+    b, c = make_request(30), make_request(5)
+    s.add(b)
+    s.add(c)
+    out = s.schedule()
+    assert plan(out) == [(a.request_id, 1), (b.request_id, 12), (c.request_id, 5)]
+    assert out.sampling_requests == [a, c]
+    finish_step(s, out)
+    out = s.schedule()
+    assert plan(out) == [(a.request_id, 1), (b.request_id, 12), (c.request_id, 1)]
+    finish_step(s, out)
+    out = s.schedule()
+    assert plan(out) == [(a.request_id, 1), (b.request_id, 6), (c.request_id, 1)]
+    assert out.sampling_requests == [a, b, c]
+
+
+def test_long_prefill_threshold_is_checked():
+    with pytest.raises(ValueError, match="long_prefill_token_threshold must be >= 0, got -1"):
+        make_scheduler(long_prefill_token_threshold=-1)
 
 
 def test_max_num_seqs_caps_the_running_set():
