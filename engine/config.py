@@ -39,6 +39,7 @@ class EngineConfig:
     long_prefill_token_threshold: int = setting(
         0,
         minimum=0,
+        crd=Crd(),
         help="the most prompt tokens one request computes in a step (0: no cap below "
         "max_num_batched_tokens); a long prompt then shares its steps with the running "
         "streams' decodes",

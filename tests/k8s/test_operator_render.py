@@ -129,6 +129,8 @@ def test_hf_gpu_deployment_exact(hf_owner: dict[str, Any]) -> None:
                                 "4096",
                                 "--max-model-len",
                                 "8192",
+                                "--long-prefill-token-threshold",
+                                "512",
                                 "--block-size",
                                 "16",
                                 "--gpu-memory-utilization",

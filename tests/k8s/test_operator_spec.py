@@ -98,6 +98,7 @@ def test_sample_parses_to_its_fields() -> None:
     assert (spec.autoscaling.min_replicas, spec.autoscaling.max_replicas) == (1, 4)
     assert spec.autoscaling.target_kv_cache_usage == 0.8
     assert spec.engine.max_num_batched_tokens == 4096
+    assert spec.engine.long_prefill_token_threshold == 512
     assert spec.drain.timeout_seconds == 120
 
 
