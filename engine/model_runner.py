@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvserve.engine import host_allocator
 from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.cuda_graphs import DecodeGraphs, capture_sizes
@@ -75,6 +76,8 @@ class ModelRunner:
                 )
                 for _ in range(model_config.num_layers)
             ]
+        if device.type == "cpu":
+            host_allocator.keep_step_memory()
         self.forward: Callable[..., torch.Tensor] = self.model
         with self.startup.measure("warmup", device):
             if plan.cuda_graphs:
