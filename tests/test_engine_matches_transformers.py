@@ -98,11 +98,14 @@ def test_greedy_matches_transformers_with_the_cpu_mlp_in_row_chunks(checkpoint, 
     assert max(chunks) == 7
 
 
-@pytest.mark.skipif("avx2" not in cpu_library.supported_isas(), reason="this CPU has no AVX2")
-def test_greedy_matches_transformers_through_the_float32_panel_kernel(checkpoint, monkeypatch):
-    """On an AVX2 CPU every float32 linear runs the project's kernel (panel_linear): the
-    tokens are still transformers', through chunked prefill and batched decode."""
-    monkeypatch.setattr(cpu_library, "default_isa", lambda: "avx2")
+@pytest.mark.parametrize("isa", panel_linear.PANEL_ISAS)
+def test_greedy_matches_transformers_through_the_float32_panel_kernel(isa, checkpoint, monkeypatch):
+    """On an AVX2 or AVX-512 CPU every float32 linear runs the project's kernel
+    (panel_linear): the tokens are still transformers', through chunked prefill and batched
+    decode."""
+    if isa not in cpu_library.supported_isas():
+        pytest.skip(f"this CPU has no {isa}")
+    monkeypatch.setattr(cpu_library, "default_isa", lambda: isa)
     path = str(checkpoint("qwen2"))
     engine = LLMEngine(
         EngineConfig(

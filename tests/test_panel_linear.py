@@ -69,14 +69,14 @@ def test_panels_hold_the_weight_rows_transposed_with_zero_padding():
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)
-def test_pack_linears_takes_the_panel_kernel_for_float32_on_the_avx2_path_only(isa, monkeypatch):
+def test_pack_linears_takes_the_panel_kernel_for_float32_on_avx2_and_avx512(isa, monkeypatch):
     monkeypatch.setattr(cpu_library, "default_isa", lambda: isa)
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
     pack_linears(model)
     kinds = {type(m) for m in model}
-    assert kinds == ({panel_linear.PanelLinear} if isa == "avx2" else {PackedLinear})
-    if isa == "avx2":
-        assert {m.isa for m in model} == {"avx2"}
+    assert kinds == ({PackedLinear} if isa == "baseline" else {panel_linear.PanelLinear})
+    if isa != "baseline":
+        assert {m.isa for m in model} == {isa}
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         bf16 = nn.Sequential(nn.Linear(8, 8)).to(torch.bfloat16)
         pack_linears(bf16)

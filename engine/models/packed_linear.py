@@ -1,6 +1,6 @@
 """Linear layers on a CPU with their weights prepacked once: for oneDNN, or into the
-layouts of the project's own kernels: float32 on an AVX2 CPU (``panel_linear``), bfloat16
-on a CPU with AMX (``amx_linear``).
+layouts of the project's own kernels: float32 on an AVX2 or AVX-512 CPU (``panel_linear``),
+bfloat16 on a CPU with AMX (``amx_linear``).
 
 torch's plain matmul re-lays a bf16 weight out on every call, and its float32 matmul
 goes to MKL, which on AMD CPUs takes a narrower code path; oneDNN keeps the weight in its

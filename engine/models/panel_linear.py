@@ -2,13 +2,14 @@
 over a weight packed once into panels of the SIMD path's width.
 
 The kernel keeps every sum in registers over the whole reduction and fetches the next panel
-while it reads the current one. The engine takes it where it beats oneDNN's float32 path
-(``PackedLinear``), on CPUs whose widest path is AVX2 (PANEL_ISAS): there oneDNN's AVX2
-kernels lose up to a third of the rate at decode batch sizes. Measured alternating in one
-process on the 134M benchmark model with torch, oneDNN and these kernels held to AVX2
-(benchmarks/cpu-levers.md, lever 7): a 16-stream decode 1.19-1.23x, W1 1.08-1.22x. On
-AVX-512 the two are level (0.90-1.12x), and oneDNN, at the machine's peak on prefill-sized
-batches, stays. Sums run in k order: results differ from oneDNN's and MKL's in rounding.
+while it reads the current one. The engine takes it for float32 on CPUs whose widest path is
+AVX2 or AVX-512 (PANEL_ISAS). On AVX2, oneDNN's float32 kernels lose up to a third of the
+rate at decode batch sizes: measured alternating in one process on the 134M benchmark model
+with torch, oneDNN and these kernels held to AVX2 (benchmarks/cpu-levers.md, lever 7), a
+16-stream decode 1.19-1.23x, W1 1.08-1.22x. On AVX-512 (Zen 5, lever 12) the kernel alone is
+1.04x oneDNN at 64 rows, 1.17x at 16 and level at 2048, and W1's decode-step linears took
+0.4 s less of ~4.9 in every one of four alternating runs. Sums run in k order: results differ
+from oneDNN's and MKL's in rounding.
 """
 
 import ctypes
@@ -32,7 +33,7 @@ def tile_shape(isa: str) -> tuple[int, int]:
     return rows.value, width
 
 
-PANEL_ISAS = ("avx2",)
+PANEL_ISAS = ("avx2", "avx512")
 """The widest SIMD paths on which the engine packs float32 linears for this kernel."""
 
 
