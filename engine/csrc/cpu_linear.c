@@ -9,10 +9,11 @@
  * One pass, no packing of x: the work items, (block of M_BLOCK rows, panel), run on OpenMP
  * threads (torch's, see cpu_decode.c), rows-block major, so a thread streams its panels
  * while its rows stay in cache. Each item is register tiles of the path's MR rows by the
- * panel's NR columns, every sum kept in registers over all of k (cpu_linear_isa.h), and
- * fetches its next panel while it reads the current one. Against oneDNN's float32 path on
- * the 134M model's shapes (benchmarks/cpu-levers.md, lever 7): faster at decode batch
- * sizes, level at prefill sizes. Returns 0, or -1 for an ISA this CPU lacks. */
+ * panel's NR columns, every sum kept in registers over all of k (cpu_linear_isa.h); the
+ * item's tiles share the fetching of its next panel, so the memory streams while each tile
+ * reads the current one. Against oneDNN's float32 path on the 134M model's shapes
+ * (benchmarks/cpu-levers.md, levers 7, 12 and 13): faster at decode batch sizes, level at
+ * prefill sizes. Returns 0, or -1 for an ISA this CPU lacks. */
 #include <stddef.h>
 
 #include "cpu_common.h"
@@ -23,7 +24,7 @@
 #include "cpu_targets.h"
 
 typedef void (*tile_fn)(const float *, int64_t, const float *, int, int, float *, int64_t,
-                        const float *, int, const float *);
+                        const float *, int, const char *, int);
 
 /* The panel width NR of the SIMD path `isa` (and its tile's rows in *rows), or -1. */
 int linear_tile_shape(int isa, int *rows) {
@@ -45,11 +46,14 @@ int linear_f32(const float *x, const float *panels, const float *bias, float *ou
         const int m1 = m0 + M_BLOCK < m ? m0 + M_BLOCK : m;
         const int n0 = p * nr, cols = n - n0 < nr ? n - n0 : nr;
         const float *panel = panels + (int64_t)p * k * nr;
-        const float *next = p + 1 < num_panels ? panel + (int64_t)k * nr : NULL;
-        for (int r = m0; r < m1; r += mr)
+        const char *next = p + 1 < num_panels ? (const char *)(panel + (int64_t)k * nr) : NULL;
+        /* each of the block's tiles fetches its share of the next panel, so the memory
+         * stays busy while the later tiles re-read this one from cache */
+        const int tiles = (m1 - m0 + mr - 1) / mr, pf_step = nr * (int)sizeof(float) / tiles;
+        for (int r = m0, t = 0; r < m1; r += mr, t++)
             tile(x + r * x_stride, x_stride, panel, k, m1 - r < mr ? m1 - r : mr,
                  out + (int64_t)r * n + n0, n, bias != NULL ? bias + n0 : NULL, cols,
-                 r == m0 ? next : NULL);
+                 next != NULL ? next + (int64_t)t * k * pf_step : NULL, pf_step);
     }
     return 0;
 }

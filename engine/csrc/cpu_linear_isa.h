@@ -8,13 +8,14 @@
 #define NR (NR_VECS * VEC)
 
 /* out[r][0, cols) = x[r] · panel (+ bias) for `rows` rows (a constant once inlined), the
- * sums in registers over all k. prefetch, if not NULL, is the next panel: its lines are
- * fetched as this one is read, so the panel after streams from cache. */
+ * sums in registers over all k. prefetch, if not NULL, is this tile's share of the next
+ * panel: pf_step bytes of it are fetched with each k, so the panel after streams from
+ * cache. */
 static inline __attribute__((always_inline)) void FN(tile)(const float *x, int64_t x_stride,
                                                            const float *panel, int k, int rows,
                                                            float *out, int64_t out_stride,
                                                            const float *bias, int cols,
-                                                           const float *prefetch) {
+                                                           const char *prefetch, int pf_step) {
     vec acc[MR][NR_VECS];
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < NR_VECS; c++) acc[r][c] = (vec){0};
@@ -28,7 +29,8 @@ static inline __attribute__((always_inline)) void FN(tile)(const float *x, int64
 #endif
         }
         if (prefetch != NULL)
-            for (int c = 0; c < NR_VECS; c++) __builtin_prefetch(prefetch + (int64_t)i * NR + VEC * c);
+            for (int c = 0; c < pf_step; c += 64)
+                __builtin_prefetch(prefetch + (int64_t)i * pf_step + c);
         for (int r = 0; r < rows; r++) {
             const float a = x[r * x_stride + i];
             for (int c = 0; c < NR_VECS; c++) acc[r][c] += a * b[c];
@@ -55,10 +57,12 @@ static inline __attribute__((always_inline)) void FN(tile)(const float *x, int64
 /* tile() with its row count a constant, 1..MR. */
 static void FN(linear_tile)(const float *x, int64_t x_stride, const float *panel, int k, int rows,
                             float *out, int64_t out_stride, const float *bias, int cols,
-                            const float *prefetch) {
+                            const char *prefetch, int pf_step) {
     switch (rows) {
 #define ROWS(n) \
-    case n: FN(tile)(x, x_stride, panel, k, n, out, out_stride, bias, cols, prefetch); break;
+    case n:                                                                               \
+        FN(tile)(x, x_stride, panel, k, n, out, out_stride, bias, cols, prefetch, pf_step); \
+        break;
         ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
 #if MR > 6
         ROWS(7) ROWS(8)
