@@ -45,6 +45,8 @@ SIGNATURES = {
     "linear_f32": [_P] * 4 + [_I] * 3 + [_L] + [_I] * 2,
     "amx_usable": [],
     "linear_bf16_amx": [_P] * 4 + [_I] * 3 + [_L] + [_I],
+    "dpbf16_usable": [],
+    "linear_bf16_dp": [_P] * 4 + [_I] * 3 + [_L] + [_I],
 }
 
 

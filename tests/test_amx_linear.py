@@ -57,16 +57,6 @@ def test_amx_linear_takes_strided_and_batched_inputs():
     torch.testing.assert_close(got.double(), reference(x, layer), rtol=2**-7, atol=1e-3)
 
 
-def test_amx_linear_packs_column_pairs_of_16_column_blocks():
-    layer = nn.Linear(32, 16, bias=False).to(torch.bfloat16)
-    with torch.no_grad():
-        layer.weight.copy_(torch.arange(512.0).view(16, 32))
-    panels = amx_linear.AmxLinear(layer).panels
-    assert panels.shape == (1, 1, 16, 16, 2)
-    # row i of the tile is column pair i: w[j][2i], w[j][2i + 1] for each of the 16 rows j
-    assert panels[0, 0, 3, 5].tolist() == [5 * 32 + 6, 5 * 32 + 7]
-
-
 def test_pack_linears_takes_amx_for_the_shapes_it_takes():
     model = nn.Sequential(nn.Linear(64, 48), nn.Linear(48, 16), nn.Linear(64, 8)).to(torch.bfloat16)
     pack_linears(model)

@@ -105,7 +105,7 @@ def test_cpu_kv_cache_defaults_to_max_num_seqs_full_contexts(checkpoint):
 
 def test_bf16_linears_are_prepacked_and_give_the_same_tokens(checkpoint, monkeypatch):
     from kvserve.engine import execution_plan
-    from kvserve.engine.models import amx_linear
+    from kvserve.engine.models import amx_linear, dpbf16_linear
     from kvserve.engine.models.packed_linear import PackedLinear, can_pack
 
     if not can_pack(torch.bfloat16, torch.device("cpu")):
@@ -115,8 +115,14 @@ def test_bf16_linears_are_prepacked_and_give_the_same_tokens(checkpoint, monkeyp
     prompts = [[5, 9, 33, 70, 12, 8], [100, 200, 300]]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     packed = LLM(path, dtype="bfloat16", num_kv_blocks=16)
-    amx = amx_linear.can_use(torch.bfloat16, torch.device("cpu"))
-    expected = amx_linear.AmxLinear if amx else PackedLinear  # AMX takes the 64-wide shapes
+    cpu = torch.device("cpu")
+    expected = (  # the kernels of the project's own take the 64-wide shapes
+        amx_linear.AmxLinear
+        if amx_linear.can_use(torch.bfloat16, cpu)
+        else dpbf16_linear.DpBf16Linear
+        if dpbf16_linear.can_use(torch.bfloat16, cpu)
+        else PackedLinear
+    )
     assert isinstance(packed.engine.runner.model.layers[0].self_attn.qkv_proj, expected)
     monkeypatch.setattr(execution_plan, "can_pack", lambda dtype, device: False)
     plain = LLM(path, dtype="bfloat16", num_kv_blocks=16)

@@ -45,14 +45,14 @@ def takes(linear: nn.Linear) -> bool:
     return in_features % 32 == 0 and out_features % 16 == 0
 
 
-class AmxLinear(KernelLinear):
-    """``nn.Linear``'s forward for bfloat16 on AMX. ``panels``: [out / 16, in / 32, 16, 16,
-    2], the weight's 16-row blocks in 32-wide steps of its columns, each step's column pairs
-    as rows; ``kernel_bias``: float32, or None."""
+class PairLinear(KernelLinear):
+    """``nn.Linear``'s forward for bfloat16 through a kernel that reads AMX's pair layout
+    (this one's, and ``dpbf16_linear``'s). ``panels``: [out / 16, in / 32, 16, 16, 2], the
+    weight's 16-row blocks in 32-wide steps of its columns, each step's column pairs as rows
+    (so a block is [in / 2, 16, 2]: one k pair of its 16 rows after another);
+    ``kernel_bias``: float32, or None."""
 
     out_dtype = torch.bfloat16
-    kernel = "linear_bf16_amx"
-    isa = "amx"
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -63,3 +63,10 @@ class AmxLinear(KernelLinear):
         self.register_buffer("panels", blocks.permute(0, 2, 3, 1, 4).contiguous())
         bias = linear.bias
         self.kernel_bias = None if bias is None else bias.detach().float().contiguous()
+
+
+class AmxLinear(PairLinear):
+    """``PairLinear`` on AMX tiles."""
+
+    kernel = "linear_bf16_amx"
+    isa = "amx"

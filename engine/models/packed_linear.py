@@ -1,6 +1,6 @@
 """Linear layers on a CPU with their weights prepacked once: for oneDNN, or into the
 layouts of the project's own kernels: float32 on an AVX2 or AVX-512 CPU (``panel_linear``),
-bfloat16 on a CPU with AMX (``amx_linear``).
+bfloat16 on a CPU with AMX (``amx_linear``) or else with AVX-512-BF16 (``dpbf16_linear``).
 
 torch's plain matmul re-lays a bf16 weight out on every call, and its float32 matmul
 goes to MKL, which on AMD CPUs takes a narrower code path; oneDNN keeps the weight in its
@@ -13,14 +13,14 @@ on an AVX-512 EPYC and differs from MKL's in rounding only (accumulation order, 
 import torch
 from torch import nn
 
-from kvserve.engine.models import amx_linear, panel_linear
+from kvserve.engine.models import amx_linear, dpbf16_linear, panel_linear
 
 BATCH_HINT = 64  # the row count oneDNN tunes the packed layout for; any count works
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether ``pack_linears`` packs a model's linears in ``dtype`` on ``device``."""
-    if panel_linear.can_use(dtype, device) or amx_linear.can_use(dtype, device):
+    if any(m.can_use(dtype, device) for m in (panel_linear, amx_linear, dpbf16_linear)):
         return True
     mkldnn = torch.ops.mkldnn
     return (
@@ -49,7 +49,8 @@ class PackedLinear(nn.Module):
 
 def pack_linears(model: nn.Module) -> None:
     """Replace every ``nn.Linear`` of ``model`` in place by an ``AmxLinear`` (where
-    ``amx_linear.can_use`` and it takes the shape), a ``PanelLinear`` (where
+    ``amx_linear.can_use`` and it takes the shape), else a ``DpBf16Linear`` (where
+    ``dpbf16_linear.can_use`` and it takes the shape), a ``PanelLinear`` (where
     ``panel_linear.can_use``) or a ``PackedLinear``."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
@@ -62,6 +63,8 @@ def packed(linear: nn.Linear) -> nn.Module:
     dtype, device = linear.weight.dtype, linear.weight.device
     if amx_linear.can_use(dtype, device) and amx_linear.takes(linear):
         return amx_linear.AmxLinear(linear)
+    if dpbf16_linear.can_use(dtype, device) and amx_linear.takes(linear):
+        return dpbf16_linear.DpBf16Linear(linear)
     if panel_linear.can_use(dtype, device):
         return panel_linear.PanelLinear(linear)
     return PackedLinear(linear)

@@ -1,0 +1,124 @@
+/* bfloat16 linear layers on AVX-512-BF16 dot products, for CPUs that have them without AMX
+ * (AMD from Zen 4 on, Intel Cooper Lake): out[m, n] = x[m] · w[n] (+ bias[n]), the sums in
+ * float32, rounded to bf16 once.
+ *
+ * panels: AMX's pair layout (cpu_amx.c), which is also vdpbf16ps's: [n / 16][k / 2][16][2]
+ * bf16, w[16 nb + j][2 i + e] at [nb][i][j][e], so k pair i of a block of 16 columns is one
+ * 64-byte vector and each column block one contiguous stream. x: m rows of k bf16, x_stride
+ * elements apart; out: [m, n] bf16, contiguous; bias: NULL or n floats. k must be even and n
+ * a multiple of 16.
+ *
+ * The plan of cpu_linear.c's float32 kernel: the work items, (block of M_BLOCK rows, group
+ * of GROUP column blocks), run on OpenMP threads (torch's, see cpu_decode.c), rows-block
+ * major; an item is register tiles of MR rows by the group's columns, every sum kept in
+ * registers over all of k (one vdpbf16ps per row, column block and k pair), and the item's
+ * tiles share the fetching of its next group while they read the current one.
+ *
+ * dpbf16_usable(): 1 where the CPU has AVX-512 F, BW, VL and BF16, else 0. */
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define M_BLOCK 128
+#define MR 8    /* MR x GROUP sums, GROUP column vectors and a row's pair: 28 of 32 zmm */
+#define GROUP 3 /* column blocks of 16 */
+
+int dpbf16_usable(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+
+/* out[r][0, 16 blocks) = x[r] · the group's columns (+ bias) for `rows` rows and `blocks`
+ * column blocks (constants once inlined), the sums in registers over all k pairs. prefetch,
+ * if not NULL, is this tile's share of the next group: pf_step bytes of it with each pair. */
+static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_t x_stride,
+                                                       const uint16_t *group,
+                                                       int64_t block_stride, int pairs,
+                                                       int rows, int blocks, uint16_t *out,
+                                                       int64_t out_stride, const float *bias,
+                                                       const char *prefetch, int pf_step) {
+    __m512 acc[MR][GROUP];
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < blocks; c++) acc[r][c] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < pairs; i++) {
+        __m512bh b[GROUP];
+        for (int c = 0; c < blocks; c++) {
+            b[c] = (__m512bh)_mm512_loadu_si512(group + c * block_stride + 32 * (int64_t)i);
+            __asm__("" : "+v"(b[c])); /* in a register: not reloaded for every row */
+        }
+        if (prefetch != NULL)
+            for (int p = 0; p < pf_step; p += 64)
+                __builtin_prefetch(prefetch + (int64_t)i * pf_step + p);
+        for (int r = 0; r < rows; r++) {
+            int32_t pair;
+            memcpy(&pair, x + r * x_stride + 2 * i, sizeof pair);
+            const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+            for (int c = 0; c < blocks; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], a, b[c]);
+        }
+    }
+    for (int c = 0; c < blocks; c++) {
+        const __m512 add = bias != NULL ? _mm512_loadu_ps(bias + 16 * c) : _mm512_setzero_ps();
+        for (int r = 0; r < rows; r++)
+            _mm256_storeu_si256((__m256i *)(out + r * out_stride + 16 * c),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][c], add)));
+    }
+}
+
+/* tile() with its row count (1..MR) and block count (1..GROUP) constants. */
+static void run_tile(const uint16_t *x, int64_t x_stride, const uint16_t *group,
+                     int64_t block_stride, int pairs, int rows, int blocks, uint16_t *out,
+                     int64_t out_stride, const float *bias, const char *prefetch, int pf_step) {
+    switch (blocks * 16 + rows) {
+#define TILE(r, b)                                                                            \
+    case (b) * 16 + (r):                                                                      \
+        tile(x, x_stride, group, block_stride, pairs, r, b, out, out_stride, bias, prefetch, \
+             pf_step);                                                                        \
+        break;
+#define BLOCKS(b) \
+    TILE(1, b) TILE(2, b) TILE(3, b) TILE(4, b) TILE(5, b) TILE(6, b) TILE(7, b) TILE(8, b)
+        BLOCKS(1) BLOCKS(2) BLOCKS(3)
+#undef BLOCKS
+#undef TILE
+    }
+}
+
+int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias, uint16_t *out,
+                   int m, int n, int k, int64_t x_stride, int num_threads) {
+    if (k % 2 != 0 || n % 16 != 0 || !dpbf16_usable()) return -1;
+    const int pairs = k / 2, blocks = n / 16, groups = (blocks + GROUP - 1) / GROUP;
+    const int64_t block_stride = (int64_t)pairs * 32; /* elements of one column block */
+    const int64_t items = (int64_t)groups * ((m + M_BLOCK - 1) / M_BLOCK);
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t item = 0; item < items; item++) {
+        const int g = item % groups, m0 = item / groups * M_BLOCK;
+        const int m1 = m0 + M_BLOCK < m ? m0 + M_BLOCK : m;
+        const int nb = g * GROUP, count = blocks - nb < GROUP ? blocks - nb : GROUP;
+        const uint16_t *group = panels + nb * block_stride;
+        const int next_count = blocks - nb - count < GROUP ? blocks - nb - count : GROUP;
+        const char *next = next_count > 0 ? (const char *)(group + count * block_stride) : NULL;
+        const int tiles = (m1 - m0 + MR - 1) / MR, pf_step = next_count * 64 / tiles;
+        for (int r = m0, t = 0; r < m1; r += MR, t++)
+            run_tile(x + r * x_stride, x_stride, group, block_stride, pairs,
+                     m1 - r < MR ? m1 - r : MR, count, out + (int64_t)r * n + 16 * nb, n,
+                     bias != NULL ? bias + 16 * nb : NULL,
+                     next != NULL ? next + (int64_t)t * pairs * pf_step : NULL, pf_step);
+    }
+    return 0;
+}
+#pragma GCC pop_options
+
+#else
+int dpbf16_usable(void) { return 0; }
+
+int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias, uint16_t *out,
+                   int m, int n, int k, int64_t x_stride, int num_threads) {
+    return -1;
+}
+#endif
