@@ -1,5 +1,6 @@
 """The CPU kernels' SIMD paths as pytest parameters (those this CPU cannot run are
-skipped), and torch's thread count set for a while."""
+skipped), torch's thread count set for a while, and the float64 linear the linear kernels
+are checked against."""
 
 import contextlib
 from collections.abc import Iterator
@@ -30,3 +31,9 @@ def num_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def float64_linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    """``layer(x)`` computed in float64 from the same values."""
+    bias = None if layer.bias is None else layer.bias.double()
+    return torch.nn.functional.linear(x.double(), layer.weight.double(), bias)

@@ -7,7 +7,7 @@ layout they share (on any CPU); and where pack_linears takes each."""
 
 import pytest
 import torch
-from cpu_paths import num_threads
+from cpu_paths import float64_linear, num_threads
 from torch import nn
 
 from kvserve.engine import cpu_library
@@ -41,11 +41,6 @@ SHAPES = [  # (rows, out, in)
 ]
 
 
-def reference(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    bias = None if layer.bias is None else layer.bias.double()
-    return nn.functional.linear(x.double(), layer.weight.double(), bias)
-
-
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize(("rows", "out", "inputs"), SHAPES)
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
@@ -58,7 +53,7 @@ def test_pair_kernel_matches_float64(kernel, rows, out, inputs, bias, threads):
         got = kernel(layer)(x)
     assert (got.dtype, got.shape) == (torch.bfloat16, (rows, out))
     # float32 sums rounded to bf16 once: within one bf16 step of the exact value
-    torch.testing.assert_close(got.double(), reference(x, layer), rtol=2**-7, atol=1e-3)
+    torch.testing.assert_close(got.double(), float64_linear(x, layer), rtol=2**-7, atol=1e-3)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -70,7 +65,7 @@ def test_pair_kernel_takes_strided_and_batched_inputs(kernel):
     with torch.inference_mode():
         got = kernel(layer)(x)
     assert got.shape == (2, 5, 32)
-    torch.testing.assert_close(got.double(), reference(x, layer), rtol=2**-7, atol=1e-3)
+    torch.testing.assert_close(got.double(), float64_linear(x, layer), rtol=2**-7, atol=1e-3)
 
 
 @needs_dpbf16

@@ -4,7 +4,7 @@ register tile and the row block, widths that end mid-panel, biases, strided inpu
 
 import pytest
 import torch
-from cpu_paths import ISA_PARAMS, num_threads
+from cpu_paths import ISA_PARAMS, float64_linear, num_threads
 from torch import nn
 
 from kvserve.engine import cpu_library
@@ -23,8 +23,7 @@ SHAPES = [  # (rows, out, in)
 
 
 def reference(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    bias = None if layer.bias is None else layer.bias.double()
-    return nn.functional.linear(x.double(), layer.weight.double(), bias).float()
+    return float64_linear(x, layer).float()
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)

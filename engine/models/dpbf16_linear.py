@@ -2,16 +2,17 @@
 on) through the project's own kernel (``csrc/cpu_dpbf16.c``), over the weight packed once in
 AMX's pair layout (``amx_linear.PairLinear``), which is also the dot product's.
 
-oneDNN's bf16 path (``PackedLinear``) streams a decode step's weights well below the
-machine's read rate: on the 134M benchmark model's shapes, on a 2-core Zen 5, 30 GB/s at one
-row and 25 GB/s at 16 rows where a plain read gets ~43 (benchmarks/cpu-levers.md, lever 14).
-This kernel keeps every sum in registers over the whole reduction and streams the weight
-once per block of rows, its tiles fetching the next columns as they read the current ones,
-as the float32 kernel (``panel_linear``) does. It is taken for every bf16 linear whose shape
-it takes (``amx_linear.takes``) where ``can_use`` and AMX is not: oneDNN's packed weight is
-opaque, so serving both kernels would keep two copies of every weight. The sums run in k
-order in float32 and are rounded to bf16 once, as oneDNN's are; results may differ from
-oneDNN's in the sums' rounding only.
+oneDNN's bf16 path (``PackedLinear``) loses rate at decode batch sizes: on a 2-core Zen 5,
+in the engine, a 16-stream bf16 decode step of the 134M benchmark model ran 15 % faster on
+this kernel, and W1's linears 0.2-0.8 s faster; alone it is 13 % faster at 64 rows and level
+with oneDNN at one row and at prefill sizes (benchmarks/cpu-levers.md, lever 14). It keeps
+every sum in registers over the whole reduction and streams the weight once per block of
+rows, its tiles fetching the next columns as they read the current ones, as the float32
+kernel (``panel_linear``) does. It is taken for every bf16 linear whose shape it takes
+(``amx_linear.takes``) where ``can_use`` and AMX is not: oneDNN's packed weight is opaque,
+so serving both kernels would keep two copies of every weight. The sums run in k order in
+float32 and are rounded to bf16 once, as oneDNN's are; results may differ from oneDNN's in
+the sums' rounding only.
 """
 
 import functools

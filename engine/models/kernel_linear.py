@@ -1,7 +1,7 @@
 """The forward shared by the linear layers whose product is one call of a C kernel of the
 project's library (``cpu_library``): ``panel_linear`` (float32), ``amx_linear`` and
 ``dpbf16_linear`` (bf16).
-Both kernels take (x, packed weight, float32 bias or NULL, out, rows, out features, in
+Each kernel takes (x, packed weight, float32 bias or NULL, out, rows, out features, in
 features, x's row stride, threads), then their own arguments (``kernel_args``)."""
 
 import torch

@@ -8,8 +8,8 @@ rate at decode batch sizes: measured alternating in one process on the 134M benc
 with torch, oneDNN and these kernels held to AVX2 (benchmarks/cpu-levers.md, lever 7), a
 16-stream decode 1.19-1.23x, W1 1.08-1.22x. On AVX-512 (Zen 5, lever 12) the kernel alone is
 1.04x oneDNN at 64 rows, 1.17x at 16 and level at 2048, and W1's decode-step linears took
-0.4 s less of ~4.9 in every one of four alternating runs. Sums run in k order: results differ
-from oneDNN's and MKL's in rounding.
+0.12-0.64 s less (of ~4.9) in every one of four alternating runs. Sums run in k order:
+results differ from oneDNN's and MKL's in rounding.
 """
 
 import ctypes
