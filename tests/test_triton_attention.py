@@ -202,23 +202,33 @@ def test_decode_batch_matches_torch(seed, gqa, dtype, backend):
 
 
 @pytest.mark.parametrize("backend", CPU_PATHS)
-@pytest.mark.parametrize("num_seqs", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("gqa", [1, 2])
-def test_cpu_decode_splits_the_heads_of_few_sequences_across_threads(seed, num_seqs, gqa, backend):
-    """With fewer sequences than four per thread each sequence's kv heads are split into
-    work items (6 or 3 kv heads: even and uneven splits); every thread count gives
-    the torch path's result."""
+def test_cpu_decode_splits_the_contexts_of_few_sequences_across_threads(seed, gqa, dtype, backend):
+    """With few tokens per thread each context longer than 128 tokens is split into equal
+    ranges whose partial softmax sums are merged: on 1-4 threads the 1,000-token context
+    takes 3, 6 or 8 ranges, the 300-token one 1-3, the 129-token one 1-2, and 17 tokens stay
+    whole; every thread count gives the torch path's result."""
     batch = make_batch(
-        [1] * num_seqs,
-        [300, 17, 129][:num_seqs],
+        [1] * 4,
+        [300, 17, 129, 1000],
         num_heads=6,
         num_kv_heads=6 // gqa,
         head_dim=64,
-        dtype=torch.bfloat16,
+        dtype=dtype,
     )
-    for n in (2, 3, 4):
+    for n in (1, 2, 3, 4):
         with num_threads(n):
             check_attention(batch, seed, backend)
+
+
+@pytest.mark.parametrize("backend", CPU_PATHS)
+def test_cpu_decode_caps_the_ranges_of_one_context(seed, backend):
+    """On 32 threads a 9,000-token context would split into 71 ranges of 128 tokens; it
+    takes 64 (the most the merge holds), of ~141 tokens each."""
+    batch = make_batch([1], [9000], num_heads=2, num_kv_heads=1, head_dim=16, dtype=torch.float32)
+    with num_threads(32):
+        check_attention(batch, seed, backend)
 
 
 @pytest.mark.parametrize("backend", CPU_PATHS)

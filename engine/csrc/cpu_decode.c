@@ -5,13 +5,18 @@
  * head_dim]; tables: [num_seqs, table_stride] int32; seq_lens: [num_seqs] int32. Elements
  * are float32 or bfloat16 bits (is_bf16); head_dim must be a multiple of 16.
  *
- * The work items are (sequence, range of kv heads): whole sequences when there are enough
- * of them to keep every thread busy, else each sequence's heads split further. They run on
- * OpenMP threads: loaded into a torch process, this library shares torch's OpenMP runtime
- * (libgomp.so.1) and so its warm thread pool. The loops (cpu_decode_isa.h) are compiled
- * once per SIMD target (cpu_targets.h) and `isa` picks one at run time.
+ * The work items are (sequence, range of its tokens), every head of whole cache rows: whole
+ * contexts when the batch holds enough tokens to keep every thread busy, else each context
+ * split into ranges, whose partial softmax sums are merged once all items are done (as
+ * flash-decoding splits the keys). Whole rows stream: splitting few sequences by kv heads
+ * instead read every other span of each row, 20-25 % slower (benchmarks/cpu-levers.md,
+ * lever 15). The items run on OpenMP threads: loaded into a torch process, this library
+ * shares torch's OpenMP runtime (libgomp.so.1) and so its warm thread pool. The loops
+ * (cpu_decode_isa.h) are compiled once per SIMD target (cpu_targets.h) and `isa` picks
+ * one at run time.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "cpu_common.h"
 #include "cpu_workspace.h"
@@ -27,6 +32,11 @@ struct decode_args {
 /* Tokens per block of the context (cpu_decode_isa.h): 4 measured fastest of 2-16 on an
  * Intel Xeon (benchmarks/cpu-levers.md, lever 8). */
 #define DECODE_BLOCK 4
+/* The least a range may span: a context of up to MIN_SPAN tokens stays whole, so that a
+ * range's query loads, softmax and merge stay small next to its reads (128 measured fastest
+ * of 32, 64 and 128); and the most ranges of one context. */
+#define MIN_SPAN 128
+#define MAX_RANGES 64
 
 static inline void prefetch(const char *p, int64_t bytes) {
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
@@ -35,10 +45,42 @@ static inline void prefetch(const char *p, int64_t bytes) {
 #define ISA_BODY "cpu_decode_isa.h"
 #include "cpu_targets.h"
 
-typedef void (*decode_item_fn)(const struct decode_args *, int, int, int, float *);
+typedef void (*decode_item_fn)(const struct decode_args *, int, int, int, float *, float *);
+
+/* Sequence s's output from its ranges' partials (decode_item): each head's sums rescaled
+ * to the largest of the ranges' maxima, added, and divided by the rescaled sums. */
+static void decode_merge(const struct decode_args *a, int s, const float *partials, int ranges) {
+    const int hd = a->head_dim, row = hd + 2;
+    for (int h = 0; h < a->num_heads; h++) {
+        const float *first = partials + (int64_t)h * row;
+        const int64_t range_stride = (int64_t)a->num_heads * row;
+        float max = -INFINITY, sum = 0.0f, weights[MAX_RANGES];
+        for (int r = 0; r < ranges; r++) {
+            const float m = first[r * range_stride + hd];
+            max = m > max ? m : max;
+        }
+        for (int r = 0; r < ranges; r++) {
+            weights[r] = expf(first[r * range_stride + hd] - max);
+            sum += weights[r] * first[r * range_stride + hd + 1];
+        }
+        const int64_t out = ((int64_t)s * a->num_heads + h) * hd;
+        for (int i = 0; i < hd; i++) {
+            float value = 0.0f;
+            for (int r = 0; r < ranges; r++) value += weights[r] * first[r * range_stride + i];
+            store(a->out, out + i, a->is_bf16, value / sum);
+        }
+    }
+}
+
+/* The ranges a context of len tokens splits into: one per span tokens, at least one (an
+ * empty context too) and at most MAX_RANGES. */
+static int ranges_of(int len, int span) {
+    const int ranges = (len + span - 1) / span;
+    return ranges < 1 ? 1 : ranges > MAX_RANGES ? MAX_RANGES : ranges;
+}
 
 /* 0 on success, -1 for an ISA this build or this CPU lacks or a head_dim it does not take,
- * -2 if scratch memory ran out. */
+ * -2 if memory ran out. */
 int paged_decode(const void *q, const void *key_cache, const void *value_cache,
                  const int32_t *tables, const int32_t *seq_lens, void *out, int num_seqs,
                  int num_heads, int num_kv_heads, int head_dim, int block_size, int table_stride,
@@ -48,26 +90,54 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
     const struct decode_args a = {q,        key_cache, value_cache,  tables,  seq_lens,
                                   out,      num_seqs,  num_heads,    num_kv_heads,
                                   head_dim, block_size, table_stride, is_bf16, scale};
-    int max_len = 0;
-    for (int s = 0; s < num_seqs; s++) max_len = seq_lens[s] > max_len ? seq_lens[s] : max_len;
-    /* Enough items for about four per thread, never more than one per kv head. */
-    int chunks = (4 * num_threads + num_seqs - 1) / num_seqs;
-    chunks = chunks < 1 ? 1 : chunks > num_kv_heads ? num_kv_heads : chunks;
-    const int per_chunk = (num_kv_heads + chunks - 1) / chunks;
-    chunks = (num_kv_heads + per_chunk - 1) / per_chunk;
-    const int heads = per_chunk * (num_heads / num_kv_heads);
-    const size_t scratch_floats = (size_t)heads * max_len + 2 * (size_t)heads * head_dim;
-    int failed = 0;
+    /* About four items per thread: each context in equal ranges of at most `span` tokens,
+     * whole where it is no longer (so a large batch runs one item per sequence). */
+    int64_t total = 0;
+    for (int s = 0; s < num_seqs; s++) total += seq_lens[s];
+    int span = (int)((total + 4 * num_threads - 1) / (4 * num_threads));
+    span = span < MIN_SPAN ? MIN_SPAN : span;
+    span = (span + DECODE_BLOCK - 1) / DECODE_BLOCK * DECODE_BLOCK;
+    int num_items = 0, max_len = 1;
+    for (int s = 0; s < num_seqs; s++) num_items += ranges_of(seq_lens[s], span);
+    const int split = num_items > num_seqs;
+    /* items: sequence, first token, end, and for a split context its first item and its
+     * number of ranges (else -1 and 1) */
+    int(*items)[5] = malloc(sizeof(int[5]) * (num_items > 0 ? num_items : 1));
+    const size_t partial_floats = (size_t)num_heads * (head_dim + 2);
+    float *partials = workspace(WORKSPACE_SHARED, sizeof(float) * partial_floats *
+                                                      (num_items > 0 ? num_items : 1));
+    int failed = items == NULL || partials == NULL;
+    if (failed) goto done;
+    for (int s = 0, n = 0; s < num_seqs; s++) {
+        const int ranges = ranges_of(seq_lens[s], span);
+        for (int r = 0; r < ranges; r++, n++) {
+            items[n][0] = s;
+            items[n][1] = (int)((int64_t)r * seq_lens[s] / ranges);
+            items[n][2] = (int)((int64_t)(r + 1) * seq_lens[s] / ranges);
+            items[n][3] = ranges > 1 ? n - r : -1;
+            items[n][4] = ranges;
+            max_len = items[n][2] - items[n][1] > max_len ? items[n][2] - items[n][1] : max_len;
+        }
+    }
+    const size_t scratch_floats = (size_t)num_heads * max_len + 2 * (size_t)num_heads * head_dim;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
         float *scratch = workspace(WORKSPACE_THREAD, sizeof(float) * scratch_floats);
         failed |= scratch == NULL;
 #pragma omp for schedule(dynamic, 1)
-        for (int i = 0; i < num_seqs * chunks; i++) {
-            const int h0 = (i % chunks) * per_chunk;
-            const int h1 = h0 + per_chunk < num_kv_heads ? h0 + per_chunk : num_kv_heads;
-            if (scratch != NULL) item(&a, i / chunks, h0, h1, scratch);
+        for (int i = 0; i < num_items; i++)
+            if (scratch != NULL)
+                item(&a, items[i][0], items[i][1], items[i][2], scratch,
+                     items[i][3] >= 0 ? partials + (int64_t)i * partial_floats : NULL);
+        if (split) {
+#pragma omp for schedule(static)
+            for (int i = 0; i < num_items; i++)
+                if (items[i][3] == i) /* a split context's first range */
+                    decode_merge(&a, items[i][0], partials + (int64_t)i * partial_floats,
+                                 items[i][4]);
         }
     }
+done:
+    free(items);
     return failed ? -2 : 0;
 }

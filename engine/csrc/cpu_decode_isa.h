@@ -1,7 +1,8 @@
-/* The per-ISA part of cpu_decode.c (included by cpu_targets.h once per SIMD target). The
- * context is read in blocks of DECODE_BLOCK tokens: first every head's scores for the
- * block's keys, then, after the softmax, every head's weighted sum of its values, each
- * head's outputs held in registers across the block; the next block's rows are prefetched.
+/* The per-ISA part of cpu_decode.c (included by cpu_targets.h once per SIMD target). A
+ * work item's tokens are read in blocks of DECODE_BLOCK whole rows (every kv head): first
+ * every head's scores for the block's keys, then, after the softmax, every head's weighted
+ * sum of its values, each head's outputs held in registers across the block; the next
+ * block's rows are prefetched.
  *
  * Head dims go in pairs of vectors (2 VEC elements). A float32 pair is two plain vectors; a
  * bfloat16 pair is one vector of VEC 32-bit words, each holding two bf16 values: shifted up
@@ -97,42 +98,45 @@ static inline __attribute__((always_inline)) void FN(add_value_tail)(const void 
     STOREV(acc, o);
 }
 
-/* The rows of tokens [t0, t0 + n) (element offsets of kv head h0), prefetching the span of
- * the block after. */
+/* The rows of tokens [t0, t0 + n) (element offsets of their rows), prefetching the rows of
+ * the block after, up to token `end`. */
 static inline __attribute__((always_inline)) void FN(block_rows)(const struct decode_args *a,
                                                                  const int32_t *table, int t0,
-                                                                 int n, int len, int64_t first,
+                                                                 int n, int end,
                                                                  const char *cache, int size,
-                                                                 int64_t span, int64_t *rows) {
+                                                                 int64_t *rows) {
     const int row_len = a->num_kv_heads * a->head_dim;
     for (int j = 0; j < n; j++) {
-        rows[j] = row_offset(table, t0 + j, a->block_size, row_len) + first;
-        if (t0 + j + DECODE_BLOCK < len)
-            prefetch(cache + (row_offset(table, t0 + j + DECODE_BLOCK, a->block_size, row_len) + first) * size, span);
+        rows[j] = row_offset(table, t0 + j, a->block_size, row_len);
+        if (t0 + j + DECODE_BLOCK < end)
+            prefetch(cache + row_offset(table, t0 + j + DECODE_BLOCK, a->block_size, row_len) * size,
+                     (int64_t)row_len * size);
     }
 }
 
 static inline __attribute__((always_inline)) void FN(decode_pass)(const struct decode_args *a,
-                                                                  int s, int h0, int h1,
-                                                                  float *scratch, int is_bf16) {
-    const int group = a->num_heads / a->num_kv_heads, hd = a->head_dim;
-    const int heads = (h1 - h0) * group, len = a->seq_lens[s], size = is_bf16 ? 2 : 4;
+                                                                  int s, int begin, int end,
+                                                                  float *scratch, float *partial,
+                                                                  int is_bf16) {
+    const int group = a->num_heads / a->num_kv_heads, hd = a->head_dim, heads = a->num_heads;
+    const int len = end - begin, size = is_bf16 ? 2 : 4;
     const int32_t *table = a->tables + (int64_t)s * a->table_stride;
     float *scores = scratch, *acc = scratch + (int64_t)heads * len, *qf = acc + heads * hd;
-    const int64_t q_offset = ((int64_t)s * a->num_heads + h0 * group) * hd;
+    const int64_t q_offset = (int64_t)s * heads * hd;
     for (int h = 0; h < heads; h++)
         for (int i = 0; i < hd; i++)
             qf[h * hd + FN(lane)(i, hd, is_bf16)] = load(a->q, q_offset + h * hd + i, is_bf16) * a->scale;
-    const int64_t first = (int64_t)h0 * hd, span = (int64_t)(h1 - h0) * hd * size;
     int64_t rows[DECODE_BLOCK];
     for (int t0 = 0; t0 < len; t0 += DECODE_BLOCK) {
         const int n = len - t0 < DECODE_BLOCK ? len - t0 : DECODE_BLOCK;
-        FN(block_rows)(a, table, t0, n, len, first, a->key_cache, size, span, rows);
+        FN(block_rows)(a, table, begin + t0, n, end, a->key_cache, size, rows);
         for (int j = 0; j < n; j++)
             for (int h = 0; h < heads; h++)
                 scores[(int64_t)h * len + t0 + j] =
                     FN(dot)(qf + h * hd, a->key_cache, rows[j] + (int64_t)(h / group) * hd, hd, is_bf16);
     }
+    /* softmax numerators; a whole context normalises them here, a range leaves that to the
+     * merge (its max and sum go with its sums) */
     for (int h = 0; h < heads; h++) {
         float *p = scores + (int64_t)h * len, max = -INFINITY, sum = 0.0f;
         for (int t = 0; t < len; t++) max = p[t] > max ? p[t] : max;
@@ -140,13 +144,18 @@ static inline __attribute__((always_inline)) void FN(decode_pass)(const struct d
             p[t] = expf(p[t] - max);
             sum += p[t];
         }
+        if (partial != NULL) {
+            partial[(int64_t)h * (hd + 2) + hd] = max;
+            partial[(int64_t)h * (hd + 2) + hd + 1] = sum;
+            continue;
+        }
         const float inv = 1.0f / sum;
         for (int t = 0; t < len; t++) p[t] *= inv;
     }
     memset(acc, 0, sizeof(float) * heads * hd);
     for (int t0 = 0; t0 < len; t0 += DECODE_BLOCK) {
         const int n = len - t0 < DECODE_BLOCK ? len - t0 : DECODE_BLOCK;
-        FN(block_rows)(a, table, t0, n, len, first, a->value_cache, size, span, rows);
+        FN(block_rows)(a, table, begin + t0, n, end, a->value_cache, size, rows);
         for (int h = 0; h < heads; h++) {
             const int64_t offset = (int64_t)(h / group) * hd;
             const float *p = scores + (int64_t)h * len + t0;
@@ -160,16 +169,24 @@ static inline __attribute__((always_inline)) void FN(decode_pass)(const struct d
         }
     }
     for (int h = 0; h < heads; h++)
-        for (int i = 0; i < hd; i++)
-            store(a->out, q_offset + h * hd + i, is_bf16, acc[h * hd + FN(lane)(i, hd, is_bf16)]);
+        for (int i = 0; i < hd; i++) {
+            const float value = acc[h * hd + FN(lane)(i, hd, is_bf16)];
+            if (partial != NULL)
+                partial[(int64_t)h * (hd + 2) + i] = value;
+            else
+                store(a->out, q_offset + h * hd + i, is_bf16, value);
+        }
 }
 
-/* Query heads of kv heads [h0, h1) of one sequence; head_dim a multiple of 16. scratch:
- * (h1 - h0) * group * len scores, then (h1 - h0) * group * head_dim accumulators and as
- * many scaled queries. */
-static void FN(decode_item)(const struct decode_args *a, int s, int h0, int h1, float *scratch) {
+/* Every head of sequence s over its tokens [begin, end); head_dim a multiple of 16. scratch:
+ * num_heads * (end - begin) scores, then num_heads * head_dim accumulators and as many
+ * scaled queries. partial: NULL when the range is the whole context (the output is
+ * written), else num_heads rows of head_dim unnormalised sums (in dim order), the scores'
+ * max and the sum of their exponentials, for decode_merge. */
+static void FN(decode_item)(const struct decode_args *a, int s, int begin, int end,
+                            float *scratch, float *partial) {
     if (a->is_bf16)
-        FN(decode_pass)(a, s, h0, h1, scratch, 1);
+        FN(decode_pass)(a, s, begin, end, scratch, partial, 1);
     else
-        FN(decode_pass)(a, s, h0, h1, scratch, 0);
+        FN(decode_pass)(a, s, begin, end, scratch, partial, 0);
 }
