@@ -104,9 +104,9 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
      * number of ranges (else -1 and 1) */
     int(*items)[5] = malloc(sizeof(int[5]) * (num_items > 0 ? num_items : 1));
     const size_t partial_floats = (size_t)num_heads * (head_dim + 2);
-    float *partials = workspace(WORKSPACE_SHARED, sizeof(float) * partial_floats *
-                                                      (num_items > 0 ? num_items : 1));
-    int failed = items == NULL || partials == NULL;
+    float *partials =
+        split ? workspace(WORKSPACE_SHARED, sizeof(float) * partial_floats * num_items) : NULL;
+    int failed = items == NULL || (split && partials == NULL);
     if (failed) goto done;
     for (int s = 0, n = 0; s < num_seqs; s++) {
         const int ranges = ranges_of(seq_lens[s], span);
