@@ -4,6 +4,7 @@ chunking, preemption or prefix caching; and every block comes back."""
 import random
 
 import pytest
+from cpu_paths import num_threads
 from joined_outputs import JoinedOutputs
 
 from kvserve import SamplingParams
@@ -120,3 +121,22 @@ def test_greedy_matches_transformers_through_the_float32_panel_kernel(isa, check
     outputs = run(engine, prompts, params)
     for prompt, got in zip(prompts, outputs, strict=True):
         assert_greedy_match(path, prompt, hf_greedy(path, prompt, MAX_TOKENS), got)
+
+
+def test_greedy_matches_transformers_with_long_contexts_split_into_ranges(checkpoint):
+    """Two prompts of 300-400 tokens decode together: on any thread count a context this
+    long, next to so few tokens in the batch, is split into ranges of whole cache rows
+    whose softmax sums are merged (csrc/cpu_decode.c); on 1 and 3 threads the tokens are
+    still transformers'."""
+    path = str(checkpoint("llama"))
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(300, 400))] for _ in range(2)]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    for threads in (1, 3):
+        engine = LLMEngine(
+            EngineConfig(model=path, dtype="float32", block_size=16, enable_prefix_caching=False)
+        )
+        with num_threads(threads):
+            outputs = run(engine, prompts, params)
+        for prompt, got in zip(prompts, outputs, strict=True):
+            assert_greedy_match(path, prompt, hf_greedy(path, prompt, MAX_TOKENS), got)
