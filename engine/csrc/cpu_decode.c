@@ -100,9 +100,9 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
     int num_items = 0, max_len = 1;
     for (int s = 0; s < num_seqs; s++) num_items += ranges_of(seq_lens[s], span);
     const int split = num_items > num_seqs;
-    /* items: sequence, first token, end, and for a split context its first item and its
-     * number of ranges (else -1 and 1) */
-    int(*items)[5] = malloc(sizeof(int[5]) * (num_items > 0 ? num_items : 1));
+    /* items: sequence, first token, end, and the number of ranges of its context (a split
+     * context's ranges are consecutive items, its partials consecutive slots) */
+    int(*items)[4] = malloc(sizeof(int[4]) * (num_items > 0 ? num_items : 1));
     const size_t partial_floats = (size_t)num_heads * (head_dim + 2);
     float *partials =
         split ? workspace(WORKSPACE_SHARED, sizeof(float) * partial_floats * num_items) : NULL;
@@ -114,8 +114,7 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
             items[n][0] = s;
             items[n][1] = (int)((int64_t)r * seq_lens[s] / ranges);
             items[n][2] = (int)((int64_t)(r + 1) * seq_lens[s] / ranges);
-            items[n][3] = ranges > 1 ? n - r : -1;
-            items[n][4] = ranges;
+            items[n][3] = ranges;
             max_len = items[n][2] - items[n][1] > max_len ? items[n][2] - items[n][1] : max_len;
         }
     }
@@ -128,13 +127,13 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
         for (int i = 0; i < num_items; i++)
             if (scratch != NULL)
                 item(&a, items[i][0], items[i][1], items[i][2], scratch,
-                     items[i][3] >= 0 ? partials + (int64_t)i * partial_floats : NULL);
+                     items[i][3] > 1 ? partials + (int64_t)i * partial_floats : NULL);
         if (split) {
 #pragma omp for schedule(static)
             for (int i = 0; i < num_items; i++)
-                if (items[i][3] == i) /* a split context's first range */
+                if (items[i][3] > 1 && items[i][1] == 0) /* a split context's first range */
                     decode_merge(&a, items[i][0], partials + (int64_t)i * partial_floats,
-                                 items[i][4]);
+                                 items[i][3]);
         }
     }
 done:
