@@ -125,10 +125,12 @@ def make_batch(
     )
 
 
-def check_attention(batch: Batch, seed: int, backend: type = TritonAttention) -> None:
+def check_attention(
+    batch: Batch, seed: int, backend: type = TritonAttention, limit: float | None = None
+) -> None:
     """Stores the new tokens through the torch path, then compares ``backend``'s attention
     (Triton's, or the CPU decode kernel's) with the torch path run in fp32 on the same
-    (upcast) values."""
+    (upcast) values, to ``limit`` (default: the dtype's ``TOLERANCE``)."""
     TorchAttention().store_kv(
         batch.key, batch.value, batch.key_cache, batch.value_cache, batch.meta.slot_mapping
     )
@@ -140,7 +142,7 @@ def check_attention(batch: Batch, seed: int, backend: type = TritonAttention) ->
     assert out.dtype == batch.query.dtype
     assert out.shape == batch.query.shape
     error = ((out.float() - reference).abs().max() / reference.abs().max()).item()
-    limit = TOLERANCE[batch.query.dtype]
+    limit = TOLERANCE[batch.query.dtype] if limit is None else limit
     assert error <= limit, f"relative error {error:.3g} > {limit} (seed {seed})"
 
 
@@ -256,7 +258,11 @@ def test_cpu_prefill_with_scores_rising_by_hundreds_matches_torch(seed, backend)
     """Scores that grow with the key's position (by 0.5 a token, from -75 to 75 over the
     prompt): every key tile raises each row's max, so its sum and accumulator are rescaled
     again and again, and the first keys are far below e^-80 of the last (the kernel's exp
-    floor)."""
+    floor). float32 resolves a score near 75 to 75 * 2^-24 (4.5e-6), and the kernel adds
+    each of the head's 64 products to the ramp at that magnitude, so its scores, and with
+    them the weights e^score, differ from torch's by up to ~1.3e-5 relative (200 seeds,
+    every path; 2 % of seeds were over fp32's 1e-5): the limit is 3e-5. A kernel that skips
+    the accumulator's rescale is off by 1.7."""
     batch = make_batch(
         [1, 300, 60],
         [300, 300, 200],
@@ -277,7 +283,7 @@ def test_cpu_prefill_with_scores_rising_by_hundreds_matches_torch(seed, backend)
                 batch.key_cache[block, position % block_size, :, 0] = ramp
             else:
                 batch.key[first_new + position - (s_len - q_len), :, 0] = ramp
-    check_attention(batch, seed, backend)
+    check_attention(batch, seed, backend, limit=3e-5)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

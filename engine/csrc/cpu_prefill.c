@@ -29,7 +29,7 @@
 #define QUERY_TILE 64
 #define ROW_BLOCK 8
 /* The score of a key a row does not see: finite (-ffast-math assumes no infinities), below
- * any real score, so exp_tile (cpu_prefill_isa.h) gives it its floor, e^-80. */
+ * any real score, so exp_tile (cpu_prefill_isa.h) gives it its floor, e^-80 (2^-115). */
 #define MASKED -1e30f
 
 struct prefill_args {

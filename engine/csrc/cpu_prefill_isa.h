@@ -10,49 +10,61 @@
 
 /* Packs key tile `tile` of one kv head of sequence s (keys from KEY_TILE * tile on) into
  * kt [head_dim][KEY_TILE] (transposed: a query's scores for the tile are head_dim vector
- * FMAs) and vt [KEY_TILE][head_dim], as float32, zeros past the sequence's last key. */
+ * FMAs) and vt [KEY_TILE][head_dim], as float32, zeros past the sequence's last key. Each
+ * cache row is copied whole (a vector copy or conversion), the keys into a buffer on the
+ * stack that is transposed from L1 into kt. */
 static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int tile, float *kt) {
     const int hd = a->head_dim, row_len = a->num_kv_heads * hd, len = a->seq_lens[s];
     const int32_t *table = a->tables + (int64_t)s * a->table_stride;
-    float *vt = kt + hd * KEY_TILE;
+    float *vt = kt + hd * KEY_TILE, keys[KEY_TILE * hd];
     for (int j = 0; j < KEY_TILE; j++) {
         const int t = tile * KEY_TILE + j;
+        float *k = keys + j * hd, *v = vt + j * hd;
         if (t >= len) {
-            for (int d = 0; d < hd; d++) kt[d * KEY_TILE + j] = vt[j * hd + d] = 0.0f;
+            memset(k, 0, sizeof(float) * hd);
+            memset(v, 0, sizeof(float) * hd);
             continue;
         }
         const int64_t offset = row_offset(table, t, a->block_size, row_len) + (int64_t)kv_head * hd;
-        for (int d = 0; d < hd; d++) kt[d * KEY_TILE + j] = load(a->key_cache, offset + d, a->is_bf16);
-        for (int d = 0; d < hd; d++) vt[j * hd + d] = load(a->value_cache, offset + d, a->is_bf16);
+        if (a->is_bf16) {
+            const uint16_t *kb = (const uint16_t *)a->key_cache + offset;
+            const uint16_t *vb = (const uint16_t *)a->value_cache + offset;
+            for (int d = 0; d < hd; d++) k[d] = bf16_to_f32(kb[d]);
+            for (int d = 0; d < hd; d++) v[d] = bf16_to_f32(vb[d]);
+        } else {
+            memcpy(k, (const float *)a->key_cache + offset, sizeof(float) * hd);
+            memcpy(v, (const float *)a->value_cache + offset, sizeof(float) * hd);
+        }
     }
+    for (int d = 0; d < hd; d++)
+        for (int j = 0; j < KEY_TILE; j++) kt[d * KEY_TILE + j] = keys[j * hd + d];
 }
 
 /* p[j] = e^(p[j] - max) for the KEY_TILE scores of a row (none above max), and their sum.
  * Inline, not libmvec's expf (a call per vector, and a scalar path for every masked key):
- * e^x = 2^n 2^f with n = round(x log2 e), |f| <= 1/2, 2^f = e^(f ln 2) by its Taylor
- * series to degree 7 (relative error < 1e-8 before rounding). x is clamped at -80, so a
- * masked key weighs e^-80 (~2e-35, a normal float: no subnormal reaches the products). */
+ * e^x = 2^t = 2^n 2^f with t = x log2 e, n = round(t), |f| <= 1/2, and 2^f by a degree-6
+ * polynomial fitted to its relative error on [-1/2, 1/2] (1.0e-7 in float32 arithmetic, as
+ * close as float32 Horner gets). t is clamped at -115, so a masked key weighs 2^-115
+ * (~2e-35, a normal float: no subnormal reaches the products). */
 static inline __attribute__((always_inline)) float FN(exp_tile)(float *p, float max) {
     typedef int veci __attribute__((vector_size(VEC * sizeof(int))));
-    const vec lowest = (vec){0} - 80.0f, half = (vec){0} + 0.5f;
+    const vec lowest = (vec){0} - 115.0f, half = (vec){0} + 0.5f;
     vec total = {0};
     for (int c = 0; c < VECS; c++) {
         vec x;
         LOADV(x, p + VEC * c);
-        x -= max;
-        const veci low = x < lowest;
-        x = (vec)(((veci)x & ~low) | ((veci)lowest & low));
-        const vec t = x * 1.442695041f; /* log2 e */
+        vec t = (x - max) * 1.44269504f; /* log2 e */
+        const veci low = t < lowest;
+        t = (vec)(((veci)t & ~low) | ((veci)lowest & low));
         const veci n = __builtin_convertvector(t - half, veci); /* t <= 0: to nearest */
-        const vec g = (t - __builtin_convertvector(n, vec)) * 0.6931471806f;
-        vec y = g * (1.0f / 5040) + (1.0f / 720);
-        y = y * g + (1.0f / 120);
-        y = y * g + (1.0f / 24);
-        y = y * g + (1.0f / 6);
-        y = y * g + 0.5f;
-        y = y * g + 1.0f;
-        y = y * g + 1.0f;
-        y = (vec)((veci)y + (n << 23)); /* times 2^n: n >= -116, the result stays normal */
+        const vec f = t - __builtin_convertvector(n, vec);
+        vec y = f * 1.5345807e-4f + 1.3399931e-3f;
+        y = y * f + 9.6184891e-3f;
+        y = y * f + 5.5503286e-2f;
+        y = y * f + 2.4022646e-1f;
+        y = y * f + 6.9314718e-1f;
+        y = y * f + 1.0f;
+        y = (vec)((veci)y + (n << 23)); /* times 2^n: n >= -115, the result stays normal */
         STOREV(p + VEC * c, y);
         total += y;
     }
