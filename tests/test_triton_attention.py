@@ -234,11 +234,31 @@ def test_cpu_decode_caps_the_ranges_of_one_context(seed, backend):
 
 
 @pytest.mark.parametrize("backend", CPU_PATHS)
+@pytest.mark.parametrize("group", [1, 3])
+def test_cpu_prefill_items_of_every_lane_count_match_torch(seed, group, backend):
+    """A chunk's rows (query token, head of the group) go to items of one register panel
+    each (48 rows in 3 vectors on AVX-512, 16 in 2 on AVX2, 8 in 2 on the baseline), its
+    rows modulo the panel to a first item of 1..3 vectors: chunks of 1 to 97 rows, after
+    contexts that end before, on and after a 256-key tile's end (0 to 767 keys)."""
+    query_lens = [1, 5, 11, 13, 20, 29, 40, 45, 48, 53, 97]
+    contexts = [767, 0, 250, 3, 256, 511, 60, 255, 100, 512, 7]
+    batch = make_batch(
+        query_lens,
+        [q + c for q, c in zip(query_lens, contexts, strict=True)],
+        num_heads=2 * group,
+        num_kv_heads=2,
+        head_dim=32,
+        dtype=torch.float32,
+    )
+    check_attention(batch, seed, backend)
+
+
+@pytest.mark.parametrize("backend", CPU_PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_cpu_prefill_of_long_chunks_on_several_threads_matches_torch(seed, dtype, backend):
-    """Chunks of several query tiles (64 tokens) and key tiles (64), one after a cached
-    prefix that shares its first blocks with a decoding sequence, a whole prompt ending
-    mid-tile, next to decodes; GQA 2; 2 and 3 threads share the work items."""
+    """Chunks of several work items (48, 16 or 8 rows by path) and two key tiles (256 keys),
+    one after a cached prefix that shares its first blocks with a decoding sequence, a whole
+    prompt ending mid-tile, next to decodes; GQA 2; 2 and 3 threads share the work items."""
     batch = make_batch(
         [1, 150, 77, 1, 33],
         [90, 150, 300, 5, 33],

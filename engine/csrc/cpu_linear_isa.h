@@ -1,58 +1,6 @@
-/* The per-ISA part of cpu_linear.c (included by cpu_targets.h once per SIMD target). A
- * register tile is MR rows of x times one panel's NR columns (NR_VECS vectors of VEC
- * floats): MR * NR_VECS accumulators, the panel row's NR_VECS vectors and one broadcast
- * of x fit the target's VEC_REGS registers (8 x 48 on AVX-512; 6 x 16 on AVX2; 6 x 8 on
- * the baseline). */
-#define NR_VECS (VEC_REGS >= 32 ? 3 : 2)
-#define MR (VEC_REGS >= 32 ? 8 : 6)
-#define NR (NR_VECS * VEC)
-
-/* out[r][0, cols) = x[r] · panel (+ bias) for `rows` rows (a constant once inlined), the
- * sums in registers over all k. prefetch, if not NULL, is this tile's share of the next
- * panel: pf_step bytes of it are fetched with each k, so the panel after streams from
- * cache. */
-static inline __attribute__((always_inline)) void FN(tile)(const float *x, int64_t x_stride,
-                                                           const float *panel, int k, int rows,
-                                                           float *out, int64_t out_stride,
-                                                           const float *bias, int cols,
-                                                           const char *prefetch, int pf_step) {
-    vec acc[MR][NR_VECS];
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < NR_VECS; c++) acc[r][c] = (vec){0};
-#pragma GCC unroll 4
-    for (int i = 0; i < k; i++) {
-        vec b[NR_VECS];
-        for (int c = 0; c < NR_VECS; c++) {
-            LOADV(b[c], panel + (int64_t)i * NR + VEC * c);
-#if defined(__x86_64__)
-            __asm__("" : "+v"(b[c])); /* in a register: not reloaded for every row */
-#endif
-        }
-        if (prefetch != NULL)
-            for (int c = 0; c < pf_step; c += 64)
-                __builtin_prefetch(prefetch + (int64_t)i * pf_step + c);
-        for (int r = 0; r < rows; r++) {
-            const float a = x[r * x_stride + i];
-            for (int c = 0; c < NR_VECS; c++) acc[r][c] += a * b[c];
-        }
-    }
-    if (bias != NULL)
-        for (int c = 0; c < NR_VECS; c++) {
-            vec v;
-            LOADV(v, bias + VEC * c);
-            for (int r = 0; r < rows; r++) acc[r][c] += v;
-        }
-    if (cols == NR) {
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < NR_VECS; c++) STOREV(out + r * out_stride + VEC * c, acc[r][c]);
-        return;
-    }
-    for (int r = 0; r < rows; r++) {
-        float row[NR];
-        for (int c = 0; c < NR_VECS; c++) STOREV(row + VEC * c, acc[r][c]);
-        for (int j = 0; j < cols; j++) out[r * out_stride + j] = row[j];
-    }
-}
+/* The per-ISA part of cpu_linear.c (included by cpu_targets.h once per SIMD target): the
+ * register tile of cpu_tile_isa.h, MR rows of x times one panel's NR columns. */
+#include "cpu_tile_isa.h"
 
 /* tile() with its row count a constant, 1..MR. */
 static void FN(linear_tile)(const float *x, int64_t x_stride, const float *panel, int k, int rows,
@@ -61,7 +9,7 @@ static void FN(linear_tile)(const float *x, int64_t x_stride, const float *panel
     switch (rows) {
 #define ROWS(n) \
     case n:                                                                               \
-        FN(tile)(x, x_stride, panel, k, n, out, out_stride, bias, cols, prefetch, pf_step); \
+        FN(tile)(x, x_stride, panel, k, n, out, out_stride, bias, cols, prefetch, pf_step, 0, NR_VECS); \
         break;
         ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
 #if MR > 6

@@ -10,12 +10,15 @@
  * head_dim must be a multiple of 16.
  *
  * Two phases on OpenMP threads (torch's, see cpu_decode.c). First every sequence's keys and
- * values are packed once, per kv head, into float32 tiles of KEY_TILE keys (the keys
+ * values are packed once, per kv head, into float32 tiles of KEY_TILE keys (the values
  * transposed), in one buffer of 8 * head_dim * num_kv_heads bytes per key (every sequence's
  * whole context, rounded up to a tile; the calling thread's workspace, cpu_workspace.c): read
- * and converted once, not once per query tile.
- * Then the work items, (sequence, kv head, QUERY_TILE query tokens), the ones reading the
- * most keys first, stream those tiles in blocks of ROW_BLOCK rows (cpu_prefill_isa.h).
+ * and converted once, not once per item.
+ * Then the work items, (sequence, kv head, up to one panel of the linear kernel's register
+ * tile of rows: NR (query token, head of the group) pairs, 48 on AVX-512), the ones reading
+ * the most keys first, stream those tiles through that register tile with the rows in its
+ * lanes (cpu_prefill_isa.h). Tiles of 256 keys, not 64: the work done once a tile (the
+ * outputs' rescale, the products' loads and stores of their sums) spread over more keys.
  * Returns 0, -1 for an ISA this CPU lacks or a head_dim it does not take, -2 if memory ran
  * out.
  */
@@ -25,11 +28,9 @@
 #include "cpu_common.h"
 #include "cpu_workspace.h"
 
-#define KEY_TILE 64
-#define QUERY_TILE 64
-#define ROW_BLOCK 8
+#define KEY_TILE 256
 /* The score of a key a row does not see: finite (-ffast-math assumes no infinities), below
- * any real score, so exp_tile (cpu_prefill_isa.h) gives it its floor, e^-80 (2^-115). */
+ * any real score, so exp_lanes (cpu_prefill_isa.h) gives it its floor, 2^-115 (~e^-80). */
 #define MASKED -1e30f
 
 struct prefill_args {
@@ -44,8 +45,8 @@ struct prefill_args {
 #define ISA_BODY "cpu_prefill_isa.h"
 #include "cpu_targets.h"
 
-typedef void (*pack_tile_fn)(const struct prefill_args *, int, int, int, float *);
-typedef void (*prefill_item_fn)(const struct prefill_args *, const float *, int, int, int, int,
+typedef void (*pack_tile_fn)(const struct prefill_args *, int, int, int, float *, float *);
+typedef void (*prefill_item_fn)(const struct prefill_args *, const float *, int, int, int,
                                 float *);
 
 static int most_keys_first(const void *x, const void *y) {
@@ -61,11 +62,12 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
     if (!isa_usable(isa)) return -1;
     const pack_tile_fn pack = PICK(pack_tile, isa);
     const prefill_item_fn item = PICK(prefill_item, isa);
-    /* Items (sequence, kv head, first query, keys it reads), the most keys first; tiles
+    const int item_rows = PICK(item_rows, isa)(), group = num_heads / num_kv_heads;
+    /* Items (sequence, kv head, first row, keys it reads), the most keys first; tiles
      * (sequence, its tile index) in packing order. */
     int num_items = 0, num_tiles = 0;
     for (int s = 0; s < num_seqs; s++) {
-        num_items += (query_lens[s] + QUERY_TILE - 1) / QUERY_TILE * num_kv_heads;
+        num_items += (query_lens[s] * group + item_rows - 1) / item_rows * num_kv_heads;
         num_tiles += (seq_lens[s] + KEY_TILE - 1) / KEY_TILE;
     }
     const int64_t tile_floats = 2 * (int64_t)head_dim * KEY_TILE;
@@ -83,13 +85,15 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
             tiles[k][0] = s;
             tiles[k][1] = t;
         }
-        for (int i0 = 0; i0 < query_lens[s]; i0 += QUERY_TILE)
+        /* the one item of fewer rows (lanes left idle) is the first: it reads the fewest keys */
+        const int rows = query_lens[s] * group, first = rows % item_rows;
+        for (int r0 = 0; r0 < rows; r0 += r0 == 0 && first > 0 ? first : item_rows)
             for (int h = 0; h < num_kv_heads; h++, n++) {
-                const int i1 = i0 + QUERY_TILE < query_lens[s] ? i0 + QUERY_TILE : query_lens[s];
+                const int last = (r0 == 0 && first > 0 ? first : r0 + item_rows) - 1;
                 items[n][0] = s;
                 items[n][1] = h;
-                items[n][2] = i0;
-                items[n][3] = seq_lens[s] - query_lens[s] + i1;
+                items[n][2] = r0;
+                items[n][3] = seq_lens[s] - query_lens[s] + last / group + 1;
             }
     }
     qsort(items, n, sizeof items[0], most_keys_first);
@@ -97,25 +101,25 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
                                    seq_lens,  query_starts, query_lens,  first_tiles,
                                    out,       num_heads,    num_kv_heads, head_dim,
                                    block_size, table_stride, is_bf16,    scale};
-    const int group = num_heads / num_kv_heads;
-    const int rows = (QUERY_TILE * group + ROW_BLOCK - 1) / ROW_BLOCK * ROW_BLOCK;
-    /* queries and accumulators, row maxima, sums and visible ends */
-    const size_t scratch_floats = 2 * (size_t)rows * head_dim + 3 * (size_t)rows;
+    /* an item's queries and outputs transposed and one tile's scores; first, a tile's values
+     * on their way to being transposed */
+    const size_t item_floats = (2 * (size_t)head_dim + KEY_TILE) * item_rows;
+    const size_t pack_floats = (size_t)KEY_TILE * head_dim;
+    const size_t scratch_floats = item_floats > pack_floats ? item_floats : pack_floats;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
+        float *scratch = workspace(WORKSPACE_THREAD, sizeof(float) * scratch_floats);
+        failed |= scratch == NULL;
 #pragma omp for schedule(static)
         for (int i = 0; i < num_tiles * num_kv_heads; i++) {
             const int t = i / num_kv_heads;
-            pack(&a, tiles[t][0], i % num_kv_heads, tiles[t][1], packed + (int64_t)i * tile_floats);
+            if (scratch != NULL)
+                pack(&a, tiles[t][0], i % num_kv_heads, tiles[t][1],
+                     packed + (int64_t)i * tile_floats, scratch);
         }
-        float *scratch = workspace(WORKSPACE_THREAD, sizeof(float) * scratch_floats);
-        failed |= scratch == NULL;
 #pragma omp for schedule(dynamic, 1)
-        for (int i = 0; i < n; i++) {
-            const int s = items[i][0], i0 = items[i][2];
-            const int i1 = i0 + QUERY_TILE < query_lens[s] ? i0 + QUERY_TILE : query_lens[s];
-            if (scratch != NULL) item(&a, packed, s, items[i][1], i0, i1, scratch);
-        }
+        for (int i = 0; i < n; i++)
+            if (scratch != NULL) item(&a, packed, items[i][0], items[i][1], items[i][2], scratch);
     }
 done:
     free(items);
