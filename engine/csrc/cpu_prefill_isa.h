@@ -65,24 +65,19 @@ static inline __attribute__((always_inline)) vec FN(exp_lanes)(vec x) {
 }
 
 /* out[r] (+)= x[r] · panel for `rows` rows (1..MR) of x, k deep, in the panel's first
- * `vecs` vectors: tile() with rows, vecs and `accumulate` (0: out = ...) constants. */
+ * `vecs` vectors: tile() with rows and vecs constants (`accumulate`, 0: out = ..., is read
+ * once, before the products). */
 static void FN(panel_rows)(const float *x, int64_t x_stride, const float *panel, int k, int rows,
                            int vecs, float *out, int accumulate) {
-#define TILE(n, v, add) FN(tile)(x, x_stride, panel, k, n, out, NR, NULL, (v) * VEC, NULL, 0, add, v)
+#define TILE(n, v) FN(tile)(x, x_stride, panel, k, n, out, NR, NULL, (v) * VEC, NULL, 0, accumulate, v)
 #define ROWS(n)                                                                              \
     case n:                                                                                  \
-        if (accumulate && vecs == 1)                                                         \
-            TILE(n, 1, 1);                                                                   \
-        else if (accumulate && vecs == 2)                                                    \
-            TILE(n, 2, 1);                                                                   \
-        else if (accumulate)                                                                 \
-            TILE(n, NR_VECS, 1);                                                             \
-        else if (vecs == 1)                                                                  \
-            TILE(n, 1, 0);                                                                   \
+        if (vecs == 1)                                                                       \
+            TILE(n, 1);                                                                      \
         else if (vecs == 2)                                                                  \
-            TILE(n, 2, 0);                                                                   \
+            TILE(n, 2);                                                                      \
         else                                                                                 \
-            TILE(n, NR_VECS, 0);                                                             \
+            TILE(n, NR_VECS);                                                                \
         break;
     switch (rows) {
         ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)

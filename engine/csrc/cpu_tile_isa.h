@@ -9,10 +9,11 @@
 #define NR (NR_VECS * VEC)
 
 /* out[r][0, cols) = x[r] · panel (+ bias) for `rows` rows, the sums in registers over all
- * k; with `accumulate`, out[r] += x[r] · panel instead (cols == NR); only the panel's
- * first `vecs` vectors (1..NR_VECS; cols <= vecs * VEC). rows, accumulate and vecs are
- * constants once inlined. prefetch, if not NULL, is this tile's share of the next panel:
- * pf_step bytes of it are fetched with each k, so the panel after streams from cache. */
+ * k; with `accumulate`, out[r] += x[r] · panel instead (cols == vecs * VEC); only the
+ * panel's first `vecs` vectors (1..NR_VECS; cols <= vecs * VEC). rows and vecs are
+ * constants once inlined (they size the registers). prefetch, if not NULL, is this tile's
+ * share of the next panel: pf_step bytes of it are fetched with each k, so the panel after
+ * streams from cache. */
 static inline __attribute__((always_inline)) void FN(tile)(const float *x, int64_t x_stride,
                                                            const float *panel, int k, int rows,
                                                            float *out, int64_t out_stride,
