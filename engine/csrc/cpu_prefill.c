@@ -42,15 +42,23 @@ struct prefill_args {
     float scale;
 };
 
+/* The element where row r of sequence s's chunk (query token r / group, head r % group of
+ * kv head kv_head's group) starts in q and out. */
+static inline int64_t row_element(const struct prefill_args *a, int s, int kv_head, int r) {
+    const int group = a->num_heads / a->num_kv_heads;
+    const int64_t token = a->query_starts[s] + r / group;
+    return (token * a->num_heads + (int64_t)kv_head * group + r % group) * a->head_dim;
+}
+
 #define ISA_BODY "cpu_prefill_isa.h"
 #include "cpu_targets.h"
 
 typedef void (*pack_tile_fn)(const struct prefill_args *, int, int, int, float *, float *);
-typedef void (*prefill_item_fn)(const struct prefill_args *, const float *, int, int, int,
+typedef void (*prefill_item_fn)(const struct prefill_args *, const float *, int, int, int, int,
                                 float *);
 
 static int most_keys_first(const void *x, const void *y) {
-    return ((const int *)y)[3] - ((const int *)x)[3];
+    return ((const int *)y)[4] - ((const int *)x)[4];
 }
 
 int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
@@ -63,7 +71,7 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
     const pack_tile_fn pack = PICK(pack_tile, isa);
     const prefill_item_fn item = PICK(prefill_item, isa);
     const int item_rows = PICK(item_rows, isa)(), group = num_heads / num_kv_heads;
-    /* Items (sequence, kv head, first row, keys it reads), the most keys first; tiles
+    /* Items (sequence, kv head, first row, rows, keys it reads), the most keys first; tiles
      * (sequence, its tile index) in packing order. */
     int num_items = 0, num_tiles = 0;
     for (int s = 0; s < num_seqs; s++) {
@@ -71,7 +79,7 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
         num_tiles += (seq_lens[s] + KEY_TILE - 1) / KEY_TILE;
     }
     const int64_t tile_floats = 2 * (int64_t)head_dim * KEY_TILE;
-    int(*items)[4] = malloc(sizeof(int[4]) * (num_items > 0 ? num_items : 1));
+    int(*items)[5] = malloc(sizeof(int[5]) * (num_items > 0 ? num_items : 1));
     int(*tiles)[2] = malloc(sizeof(int[2]) * (num_tiles > 0 ? num_tiles : 1));
     int *first_tiles = malloc(sizeof(int) * (num_seqs > 0 ? num_seqs : 1));
     float *packed = workspace(WORKSPACE_SHARED, sizeof(float) * tile_floats * num_kv_heads *
@@ -89,11 +97,12 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
         const int rows = query_lens[s] * group, first = rows % item_rows;
         for (int r0 = 0; r0 < rows; r0 += r0 == 0 && first > 0 ? first : item_rows)
             for (int h = 0; h < num_kv_heads; h++, n++) {
-                const int last = (r0 == 0 && first > 0 ? first : r0 + item_rows) - 1;
+                const int count = r0 == 0 && first > 0 ? first : item_rows;
                 items[n][0] = s;
                 items[n][1] = h;
                 items[n][2] = r0;
-                items[n][3] = seq_lens[s] - query_lens[s] + last / group + 1;
+                items[n][3] = count;
+                items[n][4] = seq_lens[s] - query_lens[s] + (r0 + count - 1) / group + 1;
             }
     }
     qsort(items, n, sizeof items[0], most_keys_first);
@@ -119,7 +128,8 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
         }
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < n; i++)
-            if (scratch != NULL) item(&a, packed, items[i][0], items[i][1], items[i][2], scratch);
+            if (scratch != NULL)
+                item(&a, packed, items[i][0], items[i][1], items[i][2], items[i][3], scratch);
     }
 done:
     free(items);

@@ -105,8 +105,7 @@ static inline __attribute__((always_inline)) void FN(item_lanes)(const struct pr
     int visible_end[NR]; /* keys below it are visible to the lane's row (none to padding) */
     for (int c = 0; c < lanes; c++) {
         const int r = row0 + c;
-        const int64_t q_row = (int64_t)(a->query_starts[s] + r / group) * a->num_heads;
-        const int64_t offset = (q_row + (int64_t)kv_head * group + r % group) * hd;
+        const int64_t offset = row_element(a, s, kv_head, r);
         for (int d = 0; d < hd; d++)
             qt[d * NR + c] = c < rows ? load(a->q, offset + d, a->is_bf16) * a->scale : 0.0f;
         visible_end[c] = c < rows ? first_pos + r / group + 1 : 0;
@@ -171,19 +170,16 @@ static inline __attribute__((always_inline)) void FN(item_lanes)(const struct pr
     float inv[NR];
     for (int c = 0; c < vecs; c++) STOREV(inv + VEC * c, 1.0f / row_sum[c]);
     for (int c = 0; c < rows; c++) {
-        const int r = row0 + c;
-        const int64_t q_row = (int64_t)(a->query_starts[s] + r / group) * a->num_heads;
-        const int64_t offset = (q_row + (int64_t)kv_head * group + r % group) * hd;
+        const int64_t offset = row_element(a, s, kv_head, row0 + c);
         for (int d = 0; d < hd; d++) store(a->out, offset + d, a->is_bf16, ot[d * NR + c] * inv[c]);
     }
 }
 
-/* Rows [row0, row0 + NR) of sequence s's chunk, or the chunk's rows modulo NR in its first
- * item, in as few vectors of lanes as hold them (item_lanes()). */
+/* Rows [row0, row0 + rows) of sequence s's chunk (rows <= NR), in as few vectors of lanes
+ * as hold them (item_lanes()). */
 static void FN(prefill_item)(const struct prefill_args *a, const float *packed, int s, int kv_head,
-                             int row0, float *scratch) {
-    const int first = a->query_lens[s] * (a->num_heads / a->num_kv_heads) % NR;
-    const int rows = row0 == 0 && first > 0 ? first : NR, vecs = (rows + VEC - 1) / VEC;
+                             int row0, int rows, float *scratch) {
+    const int vecs = (rows + VEC - 1) / VEC;
     if (vecs == NR_VECS)
         FN(item_lanes)(a, packed, s, kv_head, row0, rows, NR_VECS, scratch);
     else if (vecs == 1)
