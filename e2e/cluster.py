@@ -58,11 +58,14 @@ class Cluster:
     def _config_args(self) -> list[str]:
         return ["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True,
+        timeout: float = COMMAND_TIMEOUT,
+    ) -> str:  # fmt: skip
         """kubectl's stdout; a failure raises with its stderr."""
         done = subprocess.run(
             [self.kubectl_bin, *self._config_args(), *args],
-            input=stdin, capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
+            input=stdin, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")

@@ -1,14 +1,17 @@
 """Long streams kept in flight while a Deployment rolls, to see whether any is cut.
 
-Two kinds of bounded workers stream completions back to back:
-- through the Service, from before the rollout starts until every old pod is gone: a client of
-  the Service must never be refused or cut (the preStop sleep outlasts the endpoint removal);
-- straight to each old pod, from the moment it is marked for deletion until it refuses a new
-  stream (it drains after SIGTERM): streams admitted by a terminating pod must still finish.
-A prober per old pod records when its ``/ready`` turns 503 (or its port closes), i.e. when its
-drain began; a stream admitted before and ended after that instant was carried through it.
+Two kinds of bounded workers stream completions back to back, from before the change:
+- through the Service until every old pod is gone: a client of the Service must never be
+  refused or cut (the preStop sleep outlasts the endpoint removal);
+- straight to each old pod until it refuses a new stream (it drains after SIGTERM), two per
+  pod a second apart, so that one of them is always in flight: streams admitted by a pod
+  that then terminates must still finish.
+A follower per old pod reads its server's log to the end: the server logs how many requests
+it had in flight when its drain began (``draining N requests``), its own count, free of any
+client's timing.
 """
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -17,11 +20,14 @@ from dataclasses import dataclass, field
 from cluster import Cluster, wait_for
 from kubernetes.client import V1Pod
 from kubernetes.client.rest import ApiException
-from traffic import Stream, http_get, stream_completion
+from traffic import Stream, stream_completion
 
 HTTP_PORT = 8000
 MAX_STREAMS_PER_WORKER = 60
 POLL_SECONDS = 0.2
+STAGGER_SECONDS = 1.0
+"""How far apart the workers of one old pod start, so that their streams do not end together."""
+_DRAINING = re.compile(r"draining (\d+) requests")
 
 
 @dataclass
@@ -33,8 +39,8 @@ class RolloutTraffic:
     service_workers: int = 2
     pod_workers: int = 2
     streams: list[Stream] = field(default_factory=list)
-    drain_began: dict[str, float] = field(default_factory=dict)
-    """Old pod name → when its ``/ready`` first answered anything but 200 after deletion."""
+    in_flight_at_drain: dict[str, int] = field(default_factory=dict)
+    """Old pod name → the requests its server had in flight when its drain began (its log)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _threads: list[threading.Thread] = field(default_factory=list)
 
@@ -54,24 +60,25 @@ class RolloutTraffic:
             with self.cluster.service_url(self.namespace, self.service, HTTP_PORT) as base:
                 self._record(stream_completion(base, "service", self.max_tokens))
 
-    def _to_pod(self, pod: V1Pod) -> None:
+    def _to_pod(self, pod: V1Pod, delay: float, deadline: float) -> None:
+        time.sleep(delay)
         with self.cluster.pod_url(pod, HTTP_PORT) as base:
-            for _ in range(MAX_STREAMS_PER_WORKER):
+            while time.monotonic() < deadline:
                 stream = stream_completion(base, pod.metadata.name, self.max_tokens)
                 self._record(stream)
                 if not stream.admitted:
                     return
 
-    def _probe_drain(self, pod: V1Pod, deadline: float) -> None:
-        """Draining: ``/ready`` answers 503, or nothing listens any more (a slow answer is not)."""
-        with self.cluster.pod_url(pod, HTTP_PORT) as base:
-            while time.monotonic() < deadline:
-                status, body = http_get(f"{base}/ready", timeout=5)
-                if status == 503 or (status == 0 and "Connection refused" in body):
-                    with self._lock:
-                        self.drain_began[pod.metadata.name] = time.monotonic()
-                    return
-                time.sleep(POLL_SECONDS)
+    def _follow_log(self, pod: V1Pod, deadline: float) -> None:
+        """Read the server's log until its container exits; note its drain's in-flight count."""
+        log = self.cluster.kubectl(
+            "logs", "-f", "-n", self.namespace, pod.metadata.name,
+            check=False, timeout=max(deadline - time.monotonic(), 1),
+        )  # fmt: skip
+        found = _DRAINING.search(log)
+        if found:
+            with self._lock:
+                self.in_flight_at_drain[pod.metadata.name] = int(found.group(1))
 
     def _state(self, pod: V1Pod) -> str:
         """``gone``, ``terminating`` or ``running``."""
@@ -89,20 +96,16 @@ class RolloutTraffic:
         """Stream through ``change()`` and the rollout it starts, until every old pod is gone."""
         stop = threading.Event()
         deadline = time.monotonic() + timeout
+        for pod in old_pods:
+            self._spawn(lambda p=pod: self._follow_log(p, deadline))
+            for k in range(self.pod_workers):
+                self._spawn(lambda p=pod, k=k: self._to_pod(p, k * STAGGER_SECONDS, deadline))
         for _ in range(self.service_workers):
             self._spawn(lambda: self._through_service(stop))
-        wait_for(lambda: self.streams or None, "a first stream through the Service", 60)
+        wait_for(lambda: self.streams or None, "a first stream", 60)
         change()
-        followed: set[str] = set()
         try:
-            while len(followed) < len(old_pods) or any(self._state(p) != "gone" for p in old_pods):
-                for pod in old_pods:
-                    name = pod.metadata.name
-                    if name not in followed and self._state(pod) != "running":
-                        followed.add(name)
-                        self._spawn(lambda p=pod: self._probe_drain(p, deadline))
-                        for _ in range(self.pod_workers):
-                            self._spawn(lambda p=pod: self._to_pod(p))
+            while any(self._state(p) != "gone" for p in old_pods):
                 if time.monotonic() > deadline:
                     raise AssertionError(f"old pods still there after {timeout:.0f}s")
                 time.sleep(POLL_SECONDS)

@@ -414,17 +414,13 @@ def rollout_cuts_no_stream(ctx: Context) -> str:
     assert not cut, cut
     refused_via_service = [s for s in traffic.streams if s.target == "service" and not s.admitted]
     assert not refused_via_service, refused_via_service
-    carried = {}
-    for pod in old:
-        name = pod.metadata.name
-        assert name in traffic.drain_began, f"{name}'s drain was never seen"
-        began = traffic.drain_began[name]
-        carried[name] = sum(1 for s in admitted if s.target == name and s.started < began < s.ended)
-    assert all(carried.values()), f"no stream was in flight when a pod began draining: {carried}"
+    carried = {p.metadata.name: traffic.in_flight_at_drain.get(p.metadata.name) for p in old}
+    assert None not in carried.values(), f"a server never logged its drain: {carried}"
+    assert all(carried.values()), f"no request was in flight when a pod began draining: {carried}"
     via_service = sum(1 for s in admitted if s.target == "service")
     return (
         f"{len(admitted)} streams of {STREAM_TOKENS} tokens complete, none cut "
-        f"({via_service} via the Service, {len(admitted) - via_service} to terminating pods); "
+        f"({via_service} via the Service, {len(admitted) - via_service} straight to the old pods); "
         f"in flight when drain began: {carried}"
     )
 

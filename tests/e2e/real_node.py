@@ -13,16 +13,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from k8s.support import CACHE, ROOT, KubeTools
+from k8s.support import ROOT, KubeTools, build_image
 
 sys.path.insert(0, str(ROOT / "e2e"))
 from cluster import Cluster
 
 NODE = ROOT / "scripts" / "kube-node.sh"
-BUILD_IMAGE = ROOT / "scripts" / "build-image.sh"
-IMAGE_TAR = CACHE / "images" / "kvserve-dev.tar"
-BUILD_TIMEOUT = 2400
-"""A cold image build: a Debian base, then the Python dependencies (CPU torch) from PyPI."""
 NODE_TIMEOUT = 300
 
 
@@ -39,9 +35,9 @@ def skip_reason() -> str | None:
 @contextmanager
 def real_node(tools: KubeTools, state: Path, settings: dict[str, str]) -> Iterator[Cluster]:
     """Build the image (cached), start a node in ``state`` with it, yield its ``Cluster``."""
-    subprocess.run([str(BUILD_IMAGE), str(IMAGE_TAR)], check=True, timeout=BUILD_TIMEOUT)
+    image = build_image()
     try:
-        start = [str(NODE), "start", str(state), str(IMAGE_TAR)]
+        start = [str(NODE), "start", str(state), str(image)]
         env = {**os.environ, **settings}
         subprocess.run(start, check=True, timeout=NODE_TIMEOUT, env=env)
         lines = (state / "env").read_text().splitlines()

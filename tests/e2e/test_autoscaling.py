@@ -11,8 +11,8 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from k8s.support import ROOT, KubeTools
-from real_node import BUILD_TIMEOUT, NODE_TIMEOUT, real_node, skip_reason
+from k8s.support import BUILD_TIMEOUT, ROOT, KubeTools
+from real_node import NODE_TIMEOUT, real_node, skip_reason
 
 sys.path.insert(0, str(ROOT / "e2e"))
 from autoscale import run_autoscaling

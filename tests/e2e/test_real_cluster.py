@@ -15,10 +15,10 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from k8s.support import ROOT, KubeTools, inference_pool_crd
+from k8s.support import BUILD_TIMEOUT, ROOT, KubeTools, inference_pool_crd
 
 sys.path.insert(0, str(ROOT / "e2e"))
-from real_node import BUILD_TIMEOUT, NODE_TIMEOUT, real_node, skip_reason
+from real_node import NODE_TIMEOUT, real_node, skip_reason
 from scenarios import SCENARIOS, Context, Scenario, diagnostics, run_scenario
 
 NODE_SETTINGS = {

@@ -80,6 +80,17 @@ OWNER_REF = {
 
 HARNESS = ROOT / "scripts" / "kube-control-plane.sh"
 CACHE = Path(os.environ.get("KVSERVE_K8S_CACHE", Path.home() / ".cache" / "kvserve-k8s"))
+BUILD_IMAGE = ROOT / "scripts" / "build-image.sh"
+IMAGE_TAR = CACHE / "images" / "kvserve-dev.tar"
+BUILD_TIMEOUT = 2400
+"""A cold image build: a Debian base, then the Python dependencies (CPU torch) from PyPI."""
+
+
+def build_image() -> Path:
+    """The serving image as a docker-archive (``IMAGE_TAR``), built by scripts/build-image.sh,
+    which skips the build when the hash of its inputs matches the last one's (root only)."""
+    subprocess.run([str(BUILD_IMAGE), str(IMAGE_TAR)], check=True, timeout=BUILD_TIMEOUT)
+    return IMAGE_TAR
 
 
 @dataclass(frozen=True)
