@@ -81,22 +81,31 @@ def test_greedy_matches_transformers(checkpoint, family, scenario):
 
 def test_greedy_matches_transformers_with_the_cpu_mlp_in_row_chunks(checkpoint, monkeypatch):
     """The MLP's chunk budget shrunk to 7 rows: whole-prompt steps of 18 prompts go through
-    it in chunks cut mid-prompt and mid-batch, and the tokens are still transformers'."""
+    it in chunks cut mid-prompt and mid-batch, as few as the budget allows and as equal as
+    ``split`` cuts them, and the tokens are still transformers'."""
     path = str(checkpoint("llama"))
     engine = LLMEngine(
         EngineConfig(model=path, dtype="float32", block_size=4, enable_prefix_caching=False)
     )
     width = engine.runner.model.layers[0].mlp.gate_up_width
     monkeypatch.setattr(decoder, "CPU_MLP_CHUNK_BYTES", 7 * width * 4)
-    chunks: list[int] = []
-    rows = decoder.MLP._rows
-    monkeypatch.setattr(decoder.MLP, "_rows", lambda mlp, x: chunks.append(len(x)) or rows(mlp, x))
+    calls: list[tuple[int, list[int]]] = []  # (rows in, rows of each chunk)
+    rows, forward = decoder.MLP._rows, decoder.MLP.forward
+    monkeypatch.setattr(
+        decoder.MLP, "_rows", lambda mlp, x: calls[-1][1].append(len(x)) or rows(mlp, x)
+    )
+    monkeypatch.setattr(
+        decoder.MLP, "forward", lambda mlp, x: calls.append((len(x), [])) or forward(mlp, x)
+    )
     prompts = make_prompts(seed=3, shared_prefixes=False)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outputs = run(engine, prompts, params)
     for prompt, got in zip(prompts, outputs, strict=True):
         assert_greedy_match(path, prompt, hf_greedy(path, prompt, MAX_TOKENS), got)
-    assert max(chunks) == 7
+    for n, chunks in calls:
+        size = -(-n // -(-n // 7))
+        assert chunks == [size] * (n // size) + ([n % size] if n % size else []), (n, chunks)
+    assert max(n for n, _ in calls) > 14
 
 
 @pytest.mark.parametrize("isa", panel_linear.PANEL_ISAS)

@@ -36,6 +36,7 @@ SHAPES = [  # (rows, out, in)
     pytest.param(17, 32, 32, id="rows-past-an-amx-tile"),
     pytest.param(33, 80, 64, id="rows-past-an-amx-item"),
     pytest.param(130, 112, 64, id="rows-past-a-dp-block-and-a-lone-column-block"),
+    pytest.param(400, 48, 32, id="dp-blocks-shared-by-threads"),  # 3 threads: 6 of 64-72 rows
     pytest.param(64, 768, 768, id="decode-sized"),
     pytest.param(200, 2304, 768, id="prefill-sized"),
 ]

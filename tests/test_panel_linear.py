@@ -1,6 +1,7 @@
 """The float32 linear kernel (csrc/cpu_linear.c, through PanelLinear) against torch's own
 linear, on each SIMD path this CPU has and on several threads: row counts around the
-register tile and the row block, widths that end mid-panel, biases, strided inputs."""
+register tile and the row blocks (shared out evenly between the threads), widths that end
+mid-panel, biases, strided inputs."""
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ SHAPES = [  # (rows, out, in)
     pytest.param(7, 48, 64, id="rows-in-one-tile"),
     pytest.param(17, 100, 96, id="rows-past-tiles"),
     pytest.param(130, 97, 33, id="rows-past-a-block"),
+    # 3 threads: 6 blocks of 64-72 rows, not 4 of 128 (row_blocks, cpu_common.h)
+    pytest.param(400, 60, 24, id="rows-in-blocks-shared-by-threads"),
     pytest.param(64, 768, 300, id="decode-sized"),
 ]
 

@@ -8,7 +8,7 @@
  * elements apart; out: [m, n] bf16, contiguous; bias: NULL or n floats. k must be even and n
  * a multiple of 16.
  *
- * The plan of cpu_linear.c's float32 kernel: the work items, (block of M_BLOCK rows, group
+ * The plan of cpu_linear.c's float32 kernel: the work items, (block of rows, group
  * of GROUP column blocks), run on OpenMP threads (torch's, see cpu_decode.c), rows-block
  * major; an item is register tiles of MR rows by the group's columns, every sum kept in
  * registers over all of k (one vdpbf16ps per row, column block and k pair), and the item's
@@ -17,6 +17,8 @@
  * dpbf16_usable(): 1 where the CPU has AVX-512 F, BW, VL and BF16, else 0. */
 #include <stdint.h>
 #include <string.h>
+
+#include "cpu_common.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -94,11 +96,12 @@ int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias,
     if (k % 2 != 0 || n % 16 != 0 || !dpbf16_usable()) return -1;
     const int pairs = k / 2, blocks = n / 16, groups = (blocks + GROUP - 1) / GROUP;
     const int64_t block_stride = (int64_t)pairs * 32; /* elements of one column block */
-    const int64_t items = (int64_t)groups * ((m + M_BLOCK - 1) / M_BLOCK);
+    const int num_blocks = row_blocks(m, num_threads, M_BLOCK);
+    const int64_t items = (int64_t)groups * num_blocks;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t item = 0; item < items; item++) {
-        const int g = item % groups, m0 = item / groups * M_BLOCK;
-        const int m1 = m0 + M_BLOCK < m ? m0 + M_BLOCK : m;
+        const int g = item % groups, b = item / groups;
+        const int m0 = block_start(b, num_blocks, m, MR), m1 = block_start(b + 1, num_blocks, m, MR);
         const int nb = g * GROUP, count = blocks - nb < GROUP ? blocks - nb : GROUP;
         const uint16_t *group = panels + nb * block_stride;
         const int next_count = blocks - nb - count < GROUP ? blocks - nb - count : GROUP;

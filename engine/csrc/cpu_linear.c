@@ -6,9 +6,10 @@
  * panel width (linear_tile_shape). bias: NULL, or ceil(n / NR) * NR floats (zeros past n).
  * x: m rows of k floats, x_stride apart; out: [m, n], contiguous.
  *
- * One pass, no packing of x: the work items, (block of M_BLOCK rows, panel), run on OpenMP
- * threads (torch's, see cpu_decode.c), rows-block major, so a thread streams its panels
- * while its rows stay in cache. Each item is register tiles of the path's MR rows by the
+ * One pass, no packing of x: the work items, (block of rows, panel), run on OpenMP threads
+ * (torch's, see cpu_decode.c), rows-block major, so a thread streams its panels while its
+ * rows stay in cache; the blocks are of M_BLOCK rows or, where that would leave the threads
+ * unequal shares, of fewer (row_blocks, cpu_common.h). Each item is register tiles of the path's MR rows by the
  * panel's NR columns, every sum kept in registers over all of k (cpu_linear_isa.h); the
  * item's tiles share the fetching of its next panel, so the memory streams while each tile
  * reads the current one. Against oneDNN's float32 path on the 134M model's shapes
@@ -38,12 +39,12 @@ int linear_f32(const float *x, const float *panels, const float *bias, float *ou
     int mr;
     const int nr = PICK(tile_shape, isa)(&mr);
     const tile_fn tile = PICK(linear_tile, isa);
-    const int num_panels = (n + nr - 1) / nr, num_blocks = (m + M_BLOCK - 1) / M_BLOCK;
+    const int num_panels = (n + nr - 1) / nr, num_blocks = row_blocks(m, num_threads, M_BLOCK);
     const int64_t items = (int64_t)num_panels * num_blocks;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t item = 0; item < items; item++) {
-        const int p = item % num_panels, m0 = item / num_panels * M_BLOCK;
-        const int m1 = m0 + M_BLOCK < m ? m0 + M_BLOCK : m;
+        const int p = item % num_panels, b = item / num_panels;
+        const int m0 = block_start(b, num_blocks, m, mr), m1 = block_start(b + 1, num_blocks, m, mr);
         const int n0 = p * nr, cols = n - n0 < nr ? n - n0 : nr;
         const float *panel = panels + (int64_t)p * k * nr;
         const char *next = p + 1 < num_panels ? (const char *)(panel + (int64_t)k * nr) : NULL;
