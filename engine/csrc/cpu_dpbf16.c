@@ -8,11 +8,12 @@
  * elements apart; out: [m, n] bf16, contiguous; bias: NULL or n floats. k must be even and n
  * a multiple of 16.
  *
- * The plan of cpu_linear.c's float32 kernel: the work items, (block of rows, group
- * of GROUP column blocks), run on OpenMP threads (torch's, see cpu_decode.c), rows-block
- * major; an item is register tiles of MR rows by the group's columns, every sum kept in
- * registers over all of k (one vdpbf16ps per row, column block and k pair), and the item's
- * tiles share the fetching of its next group while they read the current one.
+ * The plan of cpu_linear.c's float32 kernel: the work items, (block of rows (row_blocks,
+ * cpu_common.h), group of GROUP column blocks), run on OpenMP threads (torch's, see
+ * cpu_decode.c), rows-block major; an item is register tiles of MR rows by the group's
+ * columns, every sum kept in registers over all of k (one vdpbf16ps per row, column block and
+ * k pair), and the item's tiles share the fetching of its next group while they read the
+ * current one.
  *
  * dpbf16_usable(): 1 where the CPU has AVX-512 F, BW, VL and BF16, else 0. */
 #include <stdint.h>
@@ -101,7 +102,8 @@ int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias,
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t item = 0; item < items; item++) {
         const int g = item % groups, b = item / groups;
-        const int m0 = block_start(b, num_blocks, m, MR), m1 = block_start(b + 1, num_blocks, m, MR);
+        const int m0 = block_start(b, num_blocks, m, MR);
+        const int m1 = block_start(b + 1, num_blocks, m, MR);
         const int nb = g * GROUP, count = blocks - nb < GROUP ? blocks - nb : GROUP;
         const uint16_t *group = panels + nb * block_stride;
         const int next_count = blocks - nb - count < GROUP ? blocks - nb - count : GROUP;

@@ -9,12 +9,13 @@
  * One pass, no packing of x: the work items, (block of rows, panel), run on OpenMP threads
  * (torch's, see cpu_decode.c), rows-block major, so a thread streams its panels while its
  * rows stay in cache; the blocks are of M_BLOCK rows or, where that would leave the threads
- * unequal shares, of fewer (row_blocks, cpu_common.h). Each item is register tiles of the path's MR rows by the
- * panel's NR columns, every sum kept in registers over all of k (cpu_linear_isa.h); the
- * item's tiles share the fetching of its next panel, so the memory streams while each tile
- * reads the current one. Against oneDNN's float32 path on the 134M model's shapes
- * (benchmarks/cpu-levers.md, levers 7, 12 and 13): faster at decode batch sizes, level at
- * prefill sizes. Returns 0, or -1 for an ISA this CPU lacks. */
+ * unequal shares, of fewer (row_blocks, cpu_common.h). Each item is register tiles of the
+ * path's MR rows by the panel's NR columns, every sum kept in registers over all of k
+ * (cpu_linear_isa.h); the item's tiles share the fetching of its next panel, so the memory
+ * streams while each tile reads the current one. Against oneDNN's float32 path on the 134M
+ * model's shapes (benchmarks/cpu-levers.md, levers 7, 12, 13 and 18): faster at decode batch
+ * sizes; at prefill sizes level with torch's oneDNN, 0-13 % slower than vLLM's at 1,336 rows.
+ * Returns 0, or -1 for an ISA this CPU lacks. */
 #include <stddef.h>
 
 #include "cpu_common.h"
@@ -44,7 +45,8 @@ int linear_f32(const float *x, const float *panels, const float *bias, float *ou
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t item = 0; item < items; item++) {
         const int p = item % num_panels, b = item / num_panels;
-        const int m0 = block_start(b, num_blocks, m, mr), m1 = block_start(b + 1, num_blocks, m, mr);
+        const int m0 = block_start(b, num_blocks, m, mr);
+        const int m1 = block_start(b + 1, num_blocks, m, mr);
         const int n0 = p * nr, cols = n - n0 < nr ? n - n0 : nr;
         const float *panel = panels + (int64_t)p * k * nr;
         const char *next = p + 1 < num_panels ? (const char *)(panel + (int64_t)k * nr) : NULL;
