@@ -80,17 +80,15 @@ class RolloutTraffic:
             with self._lock:
                 self.in_flight_at_drain[pod.metadata.name] = int(found.group(1))
 
-    def _state(self, pod: V1Pod) -> str:
-        """``gone``, ``terminating`` or ``running``."""
+    def _gone(self, pod: V1Pod) -> bool:
+        """No pod of that name, or one of that name that is another pod (another uid)."""
         try:
             live = self.cluster.core.read_namespaced_pod(pod.metadata.name, self.namespace)
         except ApiException as e:
             if e.status == 404:
-                return "gone"
+                return True
             raise
-        if live.metadata.uid != pod.metadata.uid:
-            return "gone"
-        return "terminating" if live.metadata.deletion_timestamp else "running"
+        return live.metadata.uid != pod.metadata.uid
 
     def run(self, change: Callable[[], None], old_pods: list[V1Pod], timeout: float) -> None:
         """Stream through ``change()`` and the rollout it starts, until every old pod is gone."""
@@ -105,7 +103,7 @@ class RolloutTraffic:
         wait_for(lambda: self.streams or None, "a first stream", 60)
         change()
         try:
-            while any(self._state(p) != "gone" for p in old_pods):
+            while not all(self._gone(p) for p in old_pods):
                 if time.monotonic() > deadline:
                     raise AssertionError(f"old pods still there after {timeout:.0f}s")
                 time.sleep(POLL_SECONDS)

@@ -95,9 +95,9 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
         }
         /* the one item of fewer rows (lanes left idle) is the first: it reads the fewest keys */
         const int rows = query_lens[s] * group, first = rows % item_rows;
-        for (int r0 = 0; r0 < rows; r0 += r0 == 0 && first > 0 ? first : item_rows)
+        for (int r0 = 0, count = first > 0 ? first : item_rows; r0 < rows;
+             r0 += count, count = item_rows)
             for (int h = 0; h < num_kv_heads; h++, n++) {
-                const int count = r0 == 0 && first > 0 ? first : item_rows;
                 items[n][0] = s;
                 items[n][1] = h;
                 items[n][2] = r0;
