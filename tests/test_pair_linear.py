@@ -37,6 +37,8 @@ SHAPES = [  # (rows, out, in)
     pytest.param(33, 80, 64, id="rows-past-an-amx-item"),
     pytest.param(130, 112, 64, id="rows-past-a-dp-block-and-a-lone-column-block"),
     pytest.param(400, 48, 32, id="dp-blocks-shared-by-threads"),  # 3 threads: 6 of 64-72 rows
+    # runs of pairs or groups taken (take_size) that do not divide a chunk or block
+    pytest.param(300, 784, 64, id="takes-across-chunks-and-blocks"),
     pytest.param(64, 768, 768, id="decode-sized"),
     pytest.param(200, 2304, 768, id="prefill-sized"),
 ]

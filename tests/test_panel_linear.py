@@ -21,6 +21,8 @@ SHAPES = [  # (rows, out, in)
     pytest.param(130, 97, 33, id="rows-past-a-block"),
     # 3 threads: 6 blocks of 64-72 rows, not 4 of 128 (row_blocks, cpu_common.h)
     pytest.param(400, 60, 24, id="rows-in-blocks-shared-by-threads"),
+    # the threads take runs of panels (take_size) that do not divide a block's panels
+    pytest.param(300, 400, 24, id="takes-across-blocks"),
     pytest.param(64, 768, 300, id="decode-sized"),
 ]
 

@@ -7,9 +7,9 @@
  * bias: NULL or n floats. k must be a multiple of 32 and n of 16.
  *
  * The work items, (pair of 16-column blocks, block of 32 rows), run on OpenMP threads
- * (torch's, see cpu_decode.c) in chunks of CHUNK_ROWS rows, column major within a chunk, so
- * a thread streams its share of the weight once per chunk while the chunk's rows stay in
- * cache. An item is 2 x 2 tiles of sums (tiles 0-3) over all of
+ * (torch's, see cpu_decode.c) in chunks of CHUNK_ROWS rows, column major within a chunk, a
+ * few pairs at a time (take_size), so the threads stream the weight once per chunk while the
+ * chunk's rows stay in cache. An item is 2 x 2 tiles of sums (tiles 0-3) over all of
  * k, its rows' tiles (4, 5) and columns' tiles (6, 7) loaded per 32-wide step of k. A tile
  * configuration is per thread, set for an item's row count when it changes.
  *
@@ -17,6 +17,8 @@
  * 1, or 0 off x86-64, on CPUs without AMX-BF16 or AVX-512-BF16, or where Linux refuses. */
 #include <stdint.h>
 #include <string.h>
+
+#include "cpu_common.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -127,10 +129,12 @@ int linear_bf16_amx(const uint16_t *x, const uint16_t *panels, const float *bias
     const int pairs = (n / 16 + 1) / 2, blocks = (m + 31) / 32;
     const int chunk_blocks = CHUNK_ROWS / 32, chunks = (blocks + chunk_blocks - 1) / chunk_blocks;
     const int64_t per_chunk = (int64_t)pairs * chunk_blocks, items = per_chunk * chunks;
+    /* whole pairs at a time: a pair's row blocks are consecutive items */
+    const int take = take_size(pairs, num_threads) * chunk_blocks;
 #pragma omp parallel num_threads(num_threads)
     {
         int configured = -1; /* the rows of the configuration loaded */
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, take)
         for (int64_t i = 0; i < items; i++) {
             const int chunk = i / per_chunk, pair = i % per_chunk / chunk_blocks;
             const int block = chunk * chunk_blocks + i % chunk_blocks, m0 = 32 * block;

@@ -10,7 +10,7 @@
 #define ISA_AVX512 2
 
 /* How the linear kernels cut m rows into blocks (their work items are a block of rows times
- * a panel, split into equal runs of items by OpenMP's static schedule): blocks of about
+ * a panel, taken by the threads a few at a time, take_size): blocks of about
  * `most` rows, as many as a multiple of `threads` where that keeps them at least half that
  * size, each a whole number of the tile's `mr` rows and no two more than one tile apart
  * (block_start), so that every thread gets as many rows. Blocks of 128 gave 1,336 rows on 2
@@ -19,6 +19,18 @@
 static inline int row_blocks(int m, int threads, int most) {
     const int blocks = (m + most - 1) / most, even = (blocks + threads - 1) / threads * threads;
     return m > most && m / even >= most / 2 ? even : blocks;
+}
+
+/* How many work items an OpenMP thread takes at a time from a dynamic schedule over runs
+ * of `per_block` items (a block of rows' panels): about two takes a thread in each run, at
+ * least 1. Dynamic rather than static: a thread slowed by what else its core runs (another
+ * process on a shared vCPU, or an SMT sibling on the same AMX unit) leaves the rest of its
+ * share to the others instead of holding up the whole layer. Two, not more: a take is a run
+ * of consecutive panels, each fetching the next, and eight takes a thread cost a quarter
+ * of the time at 16 rows (benchmarks/cpu-levers.md, lever 19). */
+static inline int take_size(int64_t per_block, int threads) {
+    const int64_t take = per_block / (2 * (int64_t)threads);
+    return take > 1 ? (int)take : 1;
 }
 
 /* The first row of block b of `blocks` (b == blocks: m). */

@@ -10,10 +10,10 @@
  *
  * The plan of cpu_linear.c's float32 kernel: the work items, (block of rows (row_blocks,
  * cpu_common.h), group of GROUP column blocks), run on OpenMP threads (torch's, see
- * cpu_decode.c), rows-block major; an item is register tiles of MR rows by the group's
- * columns, every sum kept in registers over all of k (one vdpbf16ps per row, column block and
- * k pair), and the item's tiles share the fetching of its next group while they read the
- * current one.
+ * cpu_decode.c), rows-block major, a few groups at a time (take_size); an item is register
+ * tiles of MR rows by the group's columns, every sum kept in registers over all of k (one
+ * vdpbf16ps per row, column block and k pair), and the item's tiles share the fetching of its
+ * next group while they read the current one.
  *
  * dpbf16_usable(): 1 where the CPU has AVX-512 F, BW, VL and BF16, else 0. */
 #include <stdint.h>
@@ -99,7 +99,8 @@ int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias,
     const int64_t block_stride = (int64_t)pairs * 32; /* elements of one column block */
     const int num_blocks = row_blocks(m, num_threads, M_BLOCK);
     const int64_t items = (int64_t)groups * num_blocks;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+#pragma omp parallel for num_threads(num_threads) \
+    schedule(dynamic, take_size(groups, num_threads))
     for (int64_t item = 0; item < items; item++) {
         const int g = item % groups, b = item / groups;
         const int m0 = block_start(b, num_blocks, m, MR);

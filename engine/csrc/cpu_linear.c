@@ -7,12 +7,13 @@
  * x: m rows of k floats, x_stride apart; out: [m, n], contiguous.
  *
  * One pass, no packing of x: the work items, (block of rows, panel), run on OpenMP threads
- * (torch's, see cpu_decode.c), rows-block major, so a thread streams its panels while its
- * rows stay in cache; the blocks are of M_BLOCK rows or, where that would leave the threads
- * unequal shares, of fewer (row_blocks, cpu_common.h). Each item is register tiles of the
- * path's MR rows by the panel's NR columns, every sum kept in registers over all of k
- * (cpu_linear_isa.h); the item's tiles share the fetching of its next panel, so the memory
- * streams while each tile reads the current one. Against oneDNN's float32 path on the 134M
+ * (torch's, see cpu_decode.c), rows-block major, a few panels at a time (take_size), so the
+ * threads stream the panels while the block's rows stay in cache; the blocks are of M_BLOCK
+ * rows or, where that would leave the threads unequal shares, of fewer (row_blocks,
+ * cpu_common.h). Each item is register tiles of the path's MR rows by the panel's NR
+ * columns, every sum kept in registers over all of k (cpu_linear_isa.h); the item's tiles
+ * share the fetching of its next panel, so the memory streams while each tile reads the
+ * current one. Against oneDNN's float32 path on the 134M
  * model's shapes (benchmarks/cpu-levers.md, levers 7, 12, 13 and 18): faster at decode batch
  * sizes; at prefill sizes level with torch's oneDNN, 0-13 % slower than vLLM's at 1,336 rows.
  * Returns 0, or -1 for an ISA this CPU lacks. */
@@ -42,7 +43,8 @@ int linear_f32(const float *x, const float *panels, const float *bias, float *ou
     const tile_fn tile = PICK(linear_tile, isa);
     const int num_panels = (n + nr - 1) / nr, num_blocks = row_blocks(m, num_threads, M_BLOCK);
     const int64_t items = (int64_t)num_panels * num_blocks;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+#pragma omp parallel for num_threads(num_threads) \
+    schedule(dynamic, take_size(num_panels, num_threads))
     for (int64_t item = 0; item < items; item++) {
         const int p = item % num_panels, b = item / num_panels;
         const int m0 = block_start(b, num_blocks, m, mr);
