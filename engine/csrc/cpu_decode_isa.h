@@ -2,7 +2,7 @@
  * work item's tokens are read in blocks of DECODE_BLOCK whole rows (every kv head): first
  * every head's scores for the block's keys, then, after the softmax, every head's weighted
  * sum of its values, each head's outputs held in registers across the block; the next
- * block's rows are prefetched.
+ * block's rows are prefetched into L2.
  *
  * Head dims go in pairs of vectors (2 VEC elements). A float32 pair is two plain vectors; a
  * bfloat16 pair is one vector of VEC 32-bit words, each holding two bf16 values: shifted up
