@@ -39,7 +39,7 @@ struct decode_args {
 #define MAX_RANGES 64
 
 /* Into L2 (locality 1), not L1: on an AMD EPYC Zen 4 the L1 prefetches held up the loads
- * of the rows in use (bf16 1.3-1.6x slower, fp32 1.1-1.2x), and the hardware brings the
+ * of the rows in use (bf16 1.3-1.6x slower, fp32 1.1-1.3x), and the hardware brings the
  * lines from L2 in time (benchmarks/cpu-levers.md, lever 20). */
 static inline void prefetch(const char *p, int64_t bytes) {
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 1);
