@@ -35,7 +35,7 @@ class StepObserver(Protocol):
 
     def on_step(self, stats, outputs: list[RequestOutput]) -> None: ...
 
-    def on_abort(self, request_id: str) -> None: ...
+    def on_abort(self, request_id: str, stats) -> None: ...
 
     def on_engine_dead(self, stats, num_failed: int) -> None: ...
 
@@ -240,7 +240,7 @@ class AsyncLLM:
             self.engine.abort_request(request_id)
             self.num_unfinished -= 1
             if self._observer is not None:
-                self._observer.on_abort(request_id)
+                self._observer.on_abort(request_id, self.engine.stats)
 
     def _add(self, command: AddRequest) -> None:
         try:

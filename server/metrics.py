@@ -134,21 +134,25 @@ class ServerMetrics:
     def describe_engine(self, cache_config: dict[str, str], startup: StartupPhases) -> None:
         """Once the engine is built, before the server reports ready: vLLM's
         ``cache_config_info`` (``cache_config_labels``) and the startup phases."""
-        register_engine_info(self.registry, self.model_name, cache_config, startup)
+        with self.snapshot.update():
+            register_engine_info(self.registry, self.model_name, cache_config, startup)
         self.snapshot.rebuild()
 
     def on_step(self, stats, outputs: list[RequestOutput]) -> None:
         """After an engine step: scheduler gauges, cumulative counters, tokens, finished ones."""
+        with self.snapshot.update():
+            self._set_gauges(stats)
+            self._count(stats)
+            for output in outputs:
+                self._on_output(output)
+
+    def _set_gauges(self, stats) -> None:
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.waiting_by_reason["capacity"].set(stats.num_waiting - stats.num_waiting_deferred)
         self.waiting_by_reason["deferred"].set(stats.num_waiting_deferred)
         self.kv_usage.set(stats.kv_cache_usage)
-        self._count(stats)
-        for output in outputs:
-            self._on_output(output)
         self._engine_idle = stats.num_running == stats.num_waiting == 0
-        self.snapshot.changed()
 
     def _on_output(self, output: RequestOutput) -> None:
         """vLLM's per-output accounting of a delta: the prompt's tokens by source with the
@@ -190,26 +194,30 @@ class ServerMetrics:
 
     def on_engine_dead(self, stats, num_failed: int) -> None:
         """The engine stopped for good: its ``num_failed`` open requests will never finish."""
-        self.running.set(0)
-        self.waiting.set(0)
-        for gauge in self.waiting_by_reason.values():
-            gauge.set(0)
-        self._count(stats)
-        self.success["error"].inc(num_failed)
-        self._last_token_time.clear()
+        with self.snapshot.update():
+            self.running.set(0)
+            self.waiting.set(0)
+            for gauge in self.waiting_by_reason.values():
+                gauge.set(0)
+            self._count(stats)
+            self.success["error"].inc(num_failed)
+            self._last_token_time.clear()
         self.snapshot.rebuild()
 
-    def on_abort(self, request_id: str) -> None:
-        self._last_token_time.pop(request_id, None)
-        self.success["abort"].inc()
-        self.snapshot.changed()
+    def on_abort(self, request_id: str, stats) -> None:
+        """An abort is counted in the same update as the gauges it lowered."""
+        with self.snapshot.update():
+            self._set_gauges(stats)
+            self._last_token_time.pop(request_id, None)
+            self.success["abort"].inc()
 
     def on_rejected(self) -> None:
-        self.rejected.inc()
-        self.snapshot.changed()
+        with self.snapshot.update():
+            self.rejected.inc()
 
     def on_draining(self) -> None:
-        self.draining.set(1)
+        with self.snapshot.update():
+            self.draining.set(1)
         self.snapshot.rebuild()
 
     def _record_finished(self, output: RequestOutput) -> None:

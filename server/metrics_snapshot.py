@@ -1,7 +1,9 @@
 """The text ``/metrics`` answers with, rebuilt off the request path."""
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -9,17 +11,27 @@ from prometheus_client import CollectorRegistry, generate_latest
 # period (50 ms). Under load that is one rebuild per period whatever the number of scrapers
 # (formatting per scrape cost one per scrape, on the event loop); idle, none.
 SNAPSHOT_INTERVAL_S = 0.05
+# A rebuild that an update overlapped is formatted again, this many times at most; past that
+# the previous body stays (whole, only older) and the next change asks for another rebuild.
+MAX_REBUILD_TRIES = 8
 
 
 class ExpositionSnapshot:
     """The registry's exposition as prebuilt bytes, so a scrape only reads a reference: it
     never formats the registry, takes a metric's lock or waits on an engine step.
 
-    ``changed()`` (cheap, any thread) asks for a rebuild; the snapshot's own thread rebuilds
-    at most once every ``interval`` seconds while changes keep coming, and not at all while
-    nothing changes. ``rebuild()`` rebuilds at once, for rare events that must show on the
-    next scrape. Rebuilds are serialized, so the newest values always land last; ``stale``
-    says whether a change came after the start of the rebuild that made ``body``.
+    Every write to the registry happens inside ``update()``, and ``body`` only ever holds an
+    exposition that no update overlapped: a sequence lock. An update makes ``_seq`` odd while
+    it writes (writers never wait on a rebuild, only on each other, for microseconds), and a
+    rebuild keeps what it formatted only if ``_seq`` did not move while it formatted. So a
+    scrape never sees half of an engine step: not an abort counted without its request gone
+    from ``num_requests_running``, nor the reverse.
+
+    An update asks the snapshot's own thread for a rebuild, which comes at most once every
+    ``interval`` seconds while updates keep coming, and not at all while nothing changes.
+    ``rebuild()`` rebuilds at once, for rare events that must show on the next scrape.
+    Rebuilds are serialized, so the newest values always land last; ``stale`` says whether
+    an update came after the one ``body`` shows.
     """
 
     def __init__(self, registry: CollectorRegistry, interval: float = SNAPSHOT_INTERVAL_S) -> None:
@@ -27,26 +39,36 @@ class ExpositionSnapshot:
         self._interval = interval
         self._changed = threading.Event()
         self._lock = threading.Lock()  # one rebuild at a time
-        self._version_lock = threading.Lock()  # never held for long: changed() cannot wait
+        self._write_lock = threading.Lock()  # one update at a time; held for microseconds
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._version = self._built = 0
+        self._seq = self._built = 0  # _seq is odd while an update writes
         self.body = generate_latest(registry)
 
-    def changed(self) -> None:
-        with self._version_lock:
-            self._version += 1
+    @contextlib.contextmanager
+    def update(self) -> Iterator[None]:
+        """Wraps one consistent set of writes to the registry (any thread)."""
+        with self._write_lock:
+            self._seq += 1
+            try:
+                yield
+            finally:
+                self._seq += 1
         self._changed.set()
 
     @property
     def stale(self) -> bool:
-        return self._built != self._version
+        return self._built != self._seq
 
     def rebuild(self) -> None:
         with self._lock:
-            version = self._version
-            self.body = generate_latest(self._registry)
-            self._built = version
+            for _ in range(MAX_REBUILD_TRIES):
+                with self._write_lock:
+                    seq = self._seq  # even: no update is writing
+                body = generate_latest(self._registry)
+                if self._seq == seq:
+                    self.body, self._built = body, seq
+                    return
 
     def start(self) -> None:
         self._stopping = False

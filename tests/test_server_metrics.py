@@ -2,10 +2,14 @@
 
 import time
 
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.registry import Collector
+
 from kvserve.engine.outputs import CompletionOutput, RequestOutput
 from kvserve.engine.scheduler import SchedulerStats
 from kvserve.engine.startup import StartupPhases
 from kvserve.server.metrics import ServerMetrics
+from kvserve.server.metrics_snapshot import ExpositionSnapshot
 
 # name -> (type, labels), as vLLM V1 exports them (counters gain _total on the wire).
 VLLM_V1 = {
@@ -114,7 +118,7 @@ def test_values_follow_steps_and_finished_requests():
     metrics.on_step(stats, [output(1, 2.0)])
     metrics.on_step(stats, [output(2, 2.5)])
     metrics.on_step(stats, [output(3, 3.5, True, "length")])
-    metrics.on_abort("other")
+    metrics.on_abort("other", stats)
     assert _sample(metrics, "vllm:num_requests_running") == 3
     assert _sample(metrics, "vllm:num_requests_waiting") == 2
     assert _sample(metrics, "vllm:num_requests_waiting_by_reason", reason="capacity") == 2
@@ -158,6 +162,42 @@ def test_an_idle_engines_scrape_is_fresh_without_the_snapshot_thread():
     metrics.on_step(SchedulerStats(0, 0, prefix_cache_hits=48), [])
     assert b'vllm:prefix_cache_hits_total{model_name="m"} 48.0' in metrics.exposition()
     assert not metrics.snapshot.stale
+
+
+def test_an_abort_and_the_gauges_it_lowers_show_together():
+    metrics = ServerMetrics("m")
+    metrics.on_step(SchedulerStats(1, 0, 0.5), [])
+    metrics.snapshot.rebuild()
+    metrics.on_abort("r", SchedulerStats(0, 0, 0.0))
+    body = metrics.exposition()
+    assert b'vllm:request_success_total{finished_reason="abort",model_name="m"} 1.0' in body
+    assert b'vllm:num_requests_running{model_name="m"} 0.0' in body
+    assert b'vllm:kv_cache_usage_perc{model_name="m"} 0.0' in body
+
+
+def test_a_rebuild_that_an_update_overlapped_is_formatted_again():
+    """An update lands while ``first`` is already formatted: that text is dropped, so no
+    body shows one half of an update without the other."""
+    registry = CollectorRegistry()
+    first = Counter("first", "", registry=registry)
+    snapshot = ExpositionSnapshot(registry)
+
+    class Interloper(Collector):
+        calls = 0
+
+        def collect(self):
+            self.calls += 1
+            if self.calls == 1:
+                with snapshot.update():
+                    first.inc()
+            return []
+
+    interloper = Interloper()
+    registry.register(interloper)
+    snapshot.rebuild()
+    assert interloper.calls == 2
+    assert b"first_total 1.0" in snapshot.body
+    assert not snapshot.stale
 
 
 def test_the_snapshot_shows_a_step_only_once_rebuilt_and_its_thread_rebuilds_it():
