@@ -134,13 +134,14 @@ def test_n_samples_share_the_prompt_blocks(server, client):
 
 def test_a_seed_fixes_the_output_whatever_else_is_batched(server):
     async def run() -> tuple[str, list[str]]:
-        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
         kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=10, temperature=0.9)
-        alone = (await client.completions.create(**kwargs, seed=11)).choices[0].text
-        crowd = await asyncio.gather(
-            *[client.completions.create(**kwargs, seed=11) for _ in range(3)],
-            *[client.completions.create(**kwargs | {"prompt": "x" * i}) for i in range(1, 6)],
-        )
+        url = server.url + "/v1"
+        async with openai.AsyncOpenAI(base_url=url, api_key=API_KEY, max_retries=0) as client:
+            alone = (await client.completions.create(**kwargs, seed=11)).choices[0].text
+            crowd = await asyncio.gather(
+                *[client.completions.create(**kwargs, seed=11) for _ in range(3)],
+                *[client.completions.create(**kwargs | {"prompt": "x" * i}) for i in range(1, 6)],
+            )
         return alone, [r.choices[0].text for r in crowd[:3]]
 
     alone, batched = asyncio.run(run())

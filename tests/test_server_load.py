@@ -81,18 +81,18 @@ def test_64_streams_with_a_third_cancelled(model_dir, tmp_path):
         seen: dict[str, list[float]] = {name: [] for name in names}
 
         async def run() -> list[str | None]:
-            client = _client(server)
-            done = asyncio.Event()
-            watcher = asyncio.create_task(_watch(server, seen, done))
-            results = await asyncio.gather(
-                *[
-                    _stream(client, PROMPTS[i % 4], cancel_after=3 if i % 3 == 0 else None)
-                    for i in range(64)
-                ]
-            )
-            done.set()
-            await watcher
-            return results
+            async with _client(server) as client:
+                done = asyncio.Event()
+                watcher = asyncio.create_task(_watch(server, seen, done))
+                results = await asyncio.gather(
+                    *[
+                        _stream(client, PROMPTS[i % 4], cancel_after=3 if i % 3 == 0 else None)
+                        for i in range(64)
+                    ]
+                )
+                done.set()
+                await watcher
+                return results
 
         results = asyncio.run(run())
         cancelled = [i for i in range(64) if i % 3 == 0]
@@ -120,20 +120,20 @@ def test_a_full_waiting_queue_answers_503(model_dir, tmp_path):
     with ServerProcess(model_dir, *args, log=tmp_path / "server.log") as server:
 
         async def run() -> list:
-            client = _client(server)
-            return await asyncio.gather(
-                *[
-                    client.completions.create(
-                        model="tiny",
-                        prompt=PROMPTS[0],
-                        max_tokens=40,
-                        temperature=0,
-                        extra_body={"ignore_eos": True},
-                    )
-                    for _ in range(8)
-                ],
-                return_exceptions=True,
-            )
+            async with _client(server) as client:
+                return await asyncio.gather(
+                    *[
+                        client.completions.create(
+                            model="tiny",
+                            prompt=PROMPTS[0],
+                            max_tokens=40,
+                            temperature=0,
+                            extra_body={"ignore_eos": True},
+                        )
+                        for _ in range(8)
+                    ],
+                    return_exceptions=True,
+                )
 
         results = asyncio.run(run())
         refused = [r for r in results if isinstance(r, openai.InternalServerError)]
@@ -161,17 +161,17 @@ def test_admission_counts_engine_requests_exactly(model_dir, tmp_path):
         body = {"prompt": PROMPTS[0], "max_tokens": 400, "ignore_eos": True}
 
         async def burst() -> list:
-            client = _client(server)
-            extra = {"ignore_eos": True}
-            return await asyncio.gather(
-                *[
-                    client.completions.with_raw_response.create(
-                        model="tiny", prompt=PROMPTS[0], max_tokens=400, extra_body=extra
-                    )
-                    for _ in range(8)
-                ],
-                return_exceptions=True,
-            )
+            async with _client(server) as client:
+                extra = {"ignore_eos": True}
+                return await asyncio.gather(
+                    *[
+                        client.completions.with_raw_response.create(
+                            model="tiny", prompt=PROMPTS[0], max_tokens=400, extra_body=extra
+                        )
+                        for _ in range(8)
+                    ],
+                    return_exceptions=True,
+                )
 
         results = asyncio.run(burst())
         refused = [r for r in results if isinstance(r, openai.APIStatusError)]
