@@ -47,6 +47,7 @@ SIGNATURES = {
     "linear_bf16_amx": [_P] * 4 + [_I] * 3 + [_L] + [_I],
     "dpbf16_usable": [],
     "linear_bf16_dp": [_P] * 4 + [_I] * 3 + [_L] + [_I],
+    "row_argmax": [_P] * 2 + [_I] * 2 + [_L] + [_I] * 2,
 }
 
 

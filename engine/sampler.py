@@ -9,6 +9,7 @@ import torch
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.outputs import Logprob
 from kvserve.engine.request import Request
+from kvserve.engine.row_argmax import row_argmax
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.structured.bitmask import apply_grammar_masks
 
@@ -109,7 +110,7 @@ class Sampler:
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         params = [r.params for r in requests]
         if all(p.greedy for p in params):
-            return logits.argmax(dim=-1)
+            return row_argmax(logits)
         device = logits.device
         temps = to_device([1.0 if p.greedy else p.temperature for p in params], device)
         logits = self._filter(logits / temps[:, None], params)
@@ -119,9 +120,9 @@ class Sampler:
             if request.generator is not None:
                 row_noise = torch.empty(probs.shape[1]).exponential_(generator=request.generator)
                 noise[row] = to_device(row_noise, device)
-        sampled = (probs / noise).argmax(dim=-1)
+        sampled = row_argmax(probs / noise)
         greedy = to_device([p.greedy for p in params], device)
-        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+        return torch.where(greedy, row_argmax(logits), sampled)
 
     @staticmethod
     def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -1,0 +1,31 @@
+"""``torch.argmax(x, dim=-1)`` over the sampler's float32 rows, the same indices (ties go to
+the first, a NaN beats any number). On a CPU it is one vectorised pass per row of
+``csrc/cpu_argmax.c``: torch's CPU argmax compares one element at a time, ~1.8 ms of a
+64-sequence decode step over a 32,000-token vocabulary."""
+
+import torch
+
+from kvserve.engine import cpu_library
+
+
+def row_argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor:
+    """The index of each row's largest value, int64; ``isa`` picks the kernel's SIMD path
+    (default: the widest this CPU runs)."""
+    lib = cpu_library.load() if x.device.type == "cpu" else None
+    if lib is None or x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+        return x.argmax(dim=-1)
+    if x.shape[1] == 0:
+        return x.argmax(dim=-1)  # torch's error for an empty row
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    isa = isa or cpu_library.default_isa()
+    status = lib.row_argmax(
+        x.data_ptr(),
+        out.data_ptr(),
+        x.shape[0],
+        x.shape[1],
+        x.stride(0),
+        torch.get_num_threads(),
+        cpu_library.ISAS[isa],
+    )
+    cpu_library.check(status, "row_argmax", isa)
+    return out
