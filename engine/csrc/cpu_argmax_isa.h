@@ -2,9 +2,6 @@
  * library is built with -ffast-math, under which a float compare assumes no NaN: NaNs are
  * found by their bits instead. */
 
-typedef int FN(veci) __attribute__((vector_size(VEC * sizeof(int))));
-#define veci FN(veci)
-
 static inline int FN(is_nan)(float value) {
     uint32_t bits;
     memcpy(&bits, &value, sizeof bits);
@@ -53,5 +50,3 @@ static int64_t FN(argmax_row)(const float *x, int n) {
         }
     return found;
 }
-
-#undef veci

@@ -1,5 +1,6 @@
 /* The per-ISA rows of cpu_fused.c (included by cpu_targets.h once per SIMD target). Each
  * function does one token's row; results are rounded where torch's unfused ops round. */
+#include "cpu_exp_isa.h"
 
 static void FN(rms_norm_row)(void *x, void *residual, const void *weight, void *out, int n,
                              float eps, int is_bf16) {
@@ -24,12 +25,27 @@ static void FN(rms_norm_row)(void *x, void *residual, const void *weight, void *
     }
 }
 
+/* silu(x) = x / (1 + e^-x) in each lane, from e = e^-|x| (<= 1, so never overflowing): x / (1
+ * + e) for x >= 0, x e / (1 + e) below. */
+static inline __attribute__((always_inline)) vec FN(silu_lanes)(vec x) {
+    const vec e = FN(exp_lanes)((vec)((veci)x | (int)0x80000000)); /* -|x| */
+    const veci below = x < (vec){0};
+    const vec scaled = x * e;
+    return (vec)(((veci)scaled & below) | ((veci)x & ~below)) / (1.0f + e);
+}
+
 static void FN(silu_and_mul_row)(const void *gate_up, void *out, int n, int is_bf16) {
     float g[SILU_CHUNK];
     for (int start = 0; start < n; start += SILU_CHUNK) {
         const int m = n - start < SILU_CHUNK ? n - start : SILU_CHUNK;
+        const int whole = (m + VEC - 1) / VEC * VEC;
         for (int i = 0; i < m; i++) g[i] = load(gate_up, start + i, is_bf16);
-        for (int i = 0; i < m; i++) g[i] = g[i] / (1.0f + expf(-g[i])); /* vector expf */
+        for (int i = m; i < whole; i++) g[i] = 0.0f;
+        for (int i = 0; i < whole; i += VEC) {
+            vec x;
+            LOADV(x, g + i);
+            STOREV(g + i, FN(silu_lanes)(x));
+        }
         for (int i = 0; i < m; i++)
             store(out, start + i, is_bf16,
                   round_to(g[i], is_bf16) * load(gate_up, n + start + i, is_bf16));

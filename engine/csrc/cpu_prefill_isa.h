@@ -6,10 +6,8 @@
  *   queries, transposed, as its panel (k = head_dim);
  * - the output O^T [head_dim][NR] += V^T · P^T, the transposed values as x and the
  *   probabilities as the panel (k = the tile's keys), accumulated across key tiles. */
+#include "cpu_exp_isa.h"
 #include "cpu_tile_isa.h"
-
-typedef int FN(veci) __attribute__((vector_size(VEC * sizeof(int))));
-#define veci FN(veci)
 
 /* An item's rows: one panel. */
 static int FN(item_rows)(void) { return NR; }
@@ -41,27 +39,6 @@ static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int 
     }
     for (int d = 0; d < hd; d++)
         for (int j = 0; j < keys; j++) vt[d * KEY_TILE + j] = buffer[j * hd + d];
-}
-
-/* e^x in each lane, for x <= 0. Inline, not libmvec's expf (a call per vector): e^x = 2^t =
- * 2^n 2^f with t = x log2 e, n = round(t), |f| <= 1/2, and 2^f by a degree-6 polynomial
- * fitted to its relative error on [-1/2, 1/2] (1.0e-7 in float32 arithmetic, as close as
- * float32 Horner gets). t is clamped at -115, so a masked key weighs 2^-115 (~2e-35, a
- * normal float: no subnormal reaches the products). */
-static inline __attribute__((always_inline)) vec FN(exp_lanes)(vec x) {
-    const vec lowest = (vec){0} - 115.0f, half = (vec){0} + 0.5f;
-    vec t = x * 1.44269504f; /* log2 e */
-    const veci low = t < lowest;
-    t = (vec)(((veci)t & ~low) | ((veci)lowest & low));
-    const veci n = __builtin_convertvector(t - half, veci); /* t <= 0: to nearest */
-    const vec f = t - __builtin_convertvector(n, vec);
-    vec y = f * 1.5345807e-4f + 1.3399931e-3f;
-    y = y * f + 9.6184891e-3f;
-    y = y * f + 5.5503286e-2f;
-    y = y * f + 2.4022646e-1f;
-    y = y * f + 6.9314718e-1f;
-    y = y * f + 1.0f;
-    return (vec)((veci)y + (n << 23)); /* times 2^n: n >= -115, the result stays normal */
 }
 
 /* out[r] (+)= x[r] · panel for `rows` rows (1..MR) of x, k deep, in the panel's first
@@ -188,7 +165,6 @@ static void FN(prefill_item)(const struct prefill_args *a, const float *packed, 
         FN(item_lanes)(a, packed, s, kv_head, row0, rows, 2, scratch);
 }
 
-#undef veci
 #undef NR
 #undef MR
 #undef NR_VECS
