@@ -12,10 +12,9 @@ def row_argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor:
     """The index of each row's largest value, int64; ``isa`` picks the kernel's SIMD path
     (default: the widest this CPU runs)."""
     lib = cpu_library.load() if x.device.type == "cpu" else None
-    if lib is None or x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
-        return x.argmax(dim=-1)
-    if x.shape[1] == 0:
-        return x.argmax(dim=-1)  # torch's error for an empty row
+    taken = x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.shape[1] > 0
+    if lib is None or not taken:
+        return x.argmax(dim=-1)  # for an empty row, torch's error
     out = torch.empty(x.shape[0], dtype=torch.int64)
     isa = isa or cpu_library.default_isa()
     status = lib.row_argmax(

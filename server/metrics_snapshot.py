@@ -21,9 +21,10 @@ class ExpositionSnapshot:
     never formats the registry, takes a metric's lock or waits on an engine step.
 
     Every write to the registry happens inside ``update()``, and ``body`` only ever holds an
-    exposition that no update overlapped: a sequence lock. An update makes ``_seq`` odd while
-    it writes (writers never wait on a rebuild, only on each other, for microseconds), and a
-    rebuild keeps what it formatted only if ``_seq`` did not move while it formatted. So a
+    exposition that no update overlapped: a sequence lock. An update moves ``_seq`` before it
+    writes (writers never wait on a rebuild, only on each other, for microseconds); a rebuild
+    reads ``_seq`` while no update writes and keeps what it formatted only if ``_seq`` has
+    not moved since. So a
     scrape never sees half of an engine step: not an abort counted without its request gone
     from ``num_requests_running``, nor the reverse.
 
@@ -42,7 +43,7 @@ class ExpositionSnapshot:
         self._write_lock = threading.Lock()  # one update at a time; held for microseconds
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._seq = self._built = 0  # _seq is odd while an update writes
+        self._seq = self._built = 0  # updates begun; the last one body shows
         self.body = generate_latest(registry)
 
     @contextlib.contextmanager
@@ -50,10 +51,7 @@ class ExpositionSnapshot:
         """Wraps one consistent set of writes to the registry (any thread)."""
         with self._write_lock:
             self._seq += 1
-            try:
-                yield
-            finally:
-                self._seq += 1
+            yield
         self._changed.set()
 
     @property
@@ -64,7 +62,7 @@ class ExpositionSnapshot:
         with self._lock:
             for _ in range(MAX_REBUILD_TRIES):
                 with self._write_lock:
-                    seq = self._seq  # even: no update is writing
+                    seq = self._seq  # no update is writing
                 body = generate_latest(self._registry)
                 if self._seq == seq:
                     self.body, self._built = body, seq

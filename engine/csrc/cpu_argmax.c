@@ -2,7 +2,7 @@
  * as torch.argmax(x, dim=-1) gives it, a NaN counting as larger than any number (so a row
  * with one answers its first NaN). torch's CPU argmax compares one element at a time
  * (~1.9 ms for 64 x 32,000 floats on two cores, ~1.8 ms of a decode step); here each row
- * takes two vectorised passes (cpu_argmax_isa.h), the second from cache.
+ * takes one vectorised pass (cpu_argmax_isa.h).
  * x: [rows, cols] float32, rows row_stride elements apart; out: rows int64. Rows run on
  * OpenMP threads. Returns 0, or -1 for an ISA this CPU lacks. */
 #include <stdint.h>

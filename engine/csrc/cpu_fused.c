@@ -8,10 +8,8 @@
  * float32 agrees with it to rounding and bf16 to one unit in the last place at most (silu's
  * e^x, a polynomial in the lanes (cpu_exp_isa.h; silu_and_mul took up to 1.4x longer with
  * libmvec's expf on an AMD EPYC Zen 4), and 1/sqrtf may differ from torch's by a float32 ulp
- * or two). Rows run on
- * OpenMP threads and
- * each function takes the SIMD path `isa` (cpu_targets.h). They return 0, or -1 for an ISA
- * this CPU lacks. */
+ * or two). Rows run on OpenMP threads and each function takes the SIMD path `isa`
+ * (cpu_targets.h). They return 0, or -1 for an ISA this CPU lacks. */
 #include <math.h>
 #include <stddef.h>
 
