@@ -5,7 +5,8 @@ it. The event loop hands commands over through a thread-safe queue (``AddRequest
 ``AbortRequest``, ``Shutdown``: one small type each, applied in order), and the
 thread hands each request's outputs back to that request's ``asyncio.Queue`` with
 ``call_soon_threadsafe``. So an HTTP handler never waits on a model step, and a step
-never waits on HTTP. With no unfinished request the thread sleeps on an event.
+never waits on HTTP. With no unfinished request the thread sleeps on an event; woken, it
+lets the requests sent together arrive before its first step (``ARRIVAL_QUIET_S``).
 
 Each step's outputs cross to the event loop in one ``call_soon_threadsafe`` (one wake-up of
 the loop per step, not one per request). Build the engine with ``build_engine``: the torch
@@ -28,6 +29,15 @@ from kvserve.engine.outputs import RequestOutput
 from kvserve.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+ARRIVAL_QUIET_S = 0.002
+"""Woken from idle by a command, the step loop waits until none has come for this long (or
+``ARRIVAL_WINDOW_S`` has passed) before its first step: requests sent together (a client's
+concurrent calls, the next turns of conversations that finished in the same step) then
+start in one step. Started one by one, the first would run alone while the rest queue up,
+and stay a step out of phase: every later prompt of the others would then stall its
+stream for a prefill step."""
+ARRIVAL_WINDOW_S = 0.010
 
 
 class StepObserver(Protocol):
@@ -266,6 +276,7 @@ class AsyncLLM:
                 if not self.engine.has_unfinished_requests():
                     self._wakeup.wait()
                     self._wakeup.clear()
+                    self._gather_arrivals()
                     continue
                 outputs = self.engine.step()
                 self._observe(outputs)
@@ -285,6 +296,14 @@ class AsyncLLM:
         except BaseException as exc:
             log.critical("the engine loop stopped; this server can serve no request", exc_info=exc)
             self._die(exc)
+
+    def _gather_arrivals(self) -> None:
+        """Wait while commands keep arriving (see ``ARRIVAL_QUIET_S``)."""
+        deadline = time.monotonic() + ARRIVAL_WINDOW_S
+        while (left := deadline - time.monotonic()) > 0:
+            if not self._wakeup.wait(min(ARRIVAL_QUIET_S, left)):
+                return
+            self._wakeup.clear()
 
     def _queued_adds(self) -> list[AddRequest]:
         """Empty the queue: the adds in it (aborts and shutdowns no longer matter)."""

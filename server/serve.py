@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -41,6 +42,17 @@ class LoadProgress:
             self.stream.flush()
         else:
             log.info("loading weights: %d/%d files", done, total)
+
+
+def freeze_startup_heap() -> int:
+    """Collect, then move every object the collector tracks (the modules, the model, the
+    app: ~380,000 with the 134M benchmark model) out of its reach, as vLLM does after start-up; the
+    number moved. A full collection scans what it tracks with the GIL held: 180-200 ms on
+    a 2-core EPYC, a stall of every stream each time a request's survivors tip one off;
+    after the freeze it scans what serving made since (~1 ms)."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -89,6 +101,7 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
     )
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
+    log.info("%d start-up objects frozen out of the garbage collector", freeze_startup_heap())
     drain.loaded = True
     log.info("serving %s on http://%s:%d", name, args.host, args.port)
     stop = asyncio.Event()

@@ -6,6 +6,7 @@ import time
 import pytest
 from joined_outputs import JoinedOutputs
 
+from kvserve.engine import async_llm
 from kvserve.engine.async_llm import AsyncLLM, build_engine
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
@@ -153,6 +154,56 @@ def test_each_steps_outputs_reach_the_event_loop_in_one_handoff(engine):
     assert [len(outputs) for outputs in results] == [5, 5, 5, 5]
     assert observer.outputs == 20 > observer.steps
     assert handoffs == 4 + observer.steps
+
+
+class StepRequests(StepsWithOutputs):
+    """The ids of each step's outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[set[str]] = []
+
+    def on_step(self, stats, outputs) -> None:
+        if outputs:
+            self.ids.append({o.request_id for o in outputs})
+
+
+def _first_step_of_adds_sent_at(engine, offsets: list[float]) -> set[str]:
+    """Adds sent `offsets` seconds after the first to an idle engine: who ran in step one."""
+    observer = StepRequests()
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+
+    async def main():
+        llm = AsyncLLM(engine, observer)
+        llm.start()
+        try:
+
+            async def collect(request_id: str, offset: float):
+                await asyncio.sleep(offset)
+                return [o async for o in llm.generate("def f(x):", params, request_id)]
+
+            await asyncio.gather(*[collect(f"r{i}", t) for i, t in enumerate(offsets)])
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
+    return observer.ids[0]
+
+
+def test_requests_sent_together_to_an_idle_engine_start_in_one_step(engine, monkeypatch):
+    """Woken by one add, the loop waits out a quiet spell before it steps: the adds that
+    follow within it run in the first step too (scaled up here: 0.5 s of quiet)."""
+    monkeypatch.setattr(async_llm, "ARRIVAL_QUIET_S", 0.5)
+    monkeypatch.setattr(async_llm, "ARRIVAL_WINDOW_S", 5.0)
+    assert _first_step_of_adds_sent_at(engine, [0.0, 0.1, 0.2]) == {"r0", "r1", "r2"}
+
+
+def test_the_wait_for_more_requests_ends_at_its_window(engine, monkeypatch):
+    """However the adds keep coming, the first step starts `ARRIVAL_WINDOW_S` after the add
+    that woke the loop."""
+    monkeypatch.setattr(async_llm, "ARRIVAL_QUIET_S", 0.5)
+    monkeypatch.setattr(async_llm, "ARRIVAL_WINDOW_S", 0.3)
+    assert _first_step_of_adds_sent_at(engine, [0.0, 0.1, 0.45]) == {"r0", "r1"}
 
 
 def test_build_engine_raises_what_building_the_engine_raised(tmp_path):
