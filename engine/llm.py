@@ -1,7 +1,9 @@
 """The offline API: a batch of prompts in, their completions out."""
 
+import contextlib
+import gc
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 from kvserve.engine.config import EngineConfig
@@ -51,7 +53,26 @@ class LLM:
                 self.engine.abort_request(request_id)
             raise
         deltas: dict[str, list[RequestOutput]] = {i: [] for i in ids}
-        while self.engine.has_unfinished_requests():
-            for output in self.engine.step():
-                deltas[output.request_id].append(output)
+        with _heap_frozen():
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    deltas[output.request_id].append(output)
         return [join_outputs(deltas[i]) for i in ids]
+
+
+@contextlib.contextmanager
+def _heap_frozen() -> Iterator[None]:
+    """While the engine runs, the objects that were there before (torch, the model, the
+    caller's) are out of the garbage collector's reach (``gc.freeze``), and back in it
+    after. A full collection scans ~380,000 objects with the 134M model loaded, 185-240 ms
+    with the GIL held, once in two to four runs of the throughput benchmark's W1; frozen,
+    it scans only what the run made. Left as it is if the caller froze objects already
+    (unfreezing would let theirs go too)."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
