@@ -20,9 +20,9 @@ def engine(checkpoint):
     return LLMEngine(EngineConfig(model=str(checkpoint("llama")), num_kv_blocks=64))
 
 
-def _run(engine: LLMEngine, body):
+def _run(engine: LLMEngine, body, observer=None):
     async def main():
-        llm = AsyncLLM(engine)
+        llm = AsyncLLM(engine, observer)
         llm.start()
         try:
             return await body(llm)
@@ -173,20 +173,14 @@ def _first_step_of_adds_sent_at(engine, offsets: list[float]) -> set[str]:
     observer = StepRequests()
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
 
-    async def main():
-        llm = AsyncLLM(engine, observer)
-        llm.start()
-        try:
+    async def body(llm: AsyncLLM):
+        async def collect(request_id: str, offset: float):
+            await asyncio.sleep(offset)
+            return [o async for o in llm.generate("def f(x):", params, request_id)]
 
-            async def collect(request_id: str, offset: float):
-                await asyncio.sleep(offset)
-                return [o async for o in llm.generate("def f(x):", params, request_id)]
+        await asyncio.gather(*[collect(f"r{i}", t) for i, t in enumerate(offsets)])
 
-            await asyncio.gather(*[collect(f"r{i}", t) for i, t in enumerate(offsets)])
-        finally:
-            llm.shutdown()
-
-    asyncio.run(main())
+    _run(engine, body, observer)
     return observer.ids[0]
 
 
