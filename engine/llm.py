@@ -1,12 +1,11 @@
 """The offline API: a batch of prompts in, their completions out."""
 
-import contextlib
-import gc
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.frozen_heap import frozen_heap
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.outputs import RequestOutput, join_outputs
 from kvserve.engine.sampling_params import SamplingParams
@@ -53,26 +52,8 @@ class LLM:
                 self.engine.abort_request(request_id)
             raise
         deltas: dict[str, list[RequestOutput]] = {i: [] for i in ids}
-        with _heap_frozen():
+        with frozen_heap():
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
                     deltas[output.request_id].append(output)
         return [join_outputs(deltas[i]) for i in ids]
-
-
-@contextlib.contextmanager
-def _heap_frozen() -> Iterator[None]:
-    """While the engine runs, the objects that were there before (torch, the model, the
-    caller's) are out of the garbage collector's reach (``gc.freeze``), and back in it
-    after. A full collection scans ~380,000 objects with the 134M model loaded, 185-240 ms
-    with the GIL held, once in two to four runs of the throughput benchmark's W1; frozen,
-    it scans only what the run made. Left as it is if the caller froze objects already
-    (unfreezing would let theirs go too)."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()

@@ -2,7 +2,6 @@
 
 import argparse
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -10,6 +9,7 @@ import sys
 from aiohttp import web
 
 from kvserve.engine.async_llm import AsyncLLM, build_engine
+from kvserve.engine.frozen_heap import frozen_heap
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.server.app import build_app
 from kvserve.server.cli import engine_config
@@ -42,18 +42,6 @@ class LoadProgress:
             self.stream.flush()
         else:
             log.info("loading weights: %d/%d files", done, total)
-
-
-def freeze_startup_heap() -> int:
-    """Collect, then move every object the collector tracks (the modules, the model, the
-    app: ~380,000 with the 134M benchmark model) out of its reach, as vLLM does after start-up; the
-    number moved. A full collection scans what it tracks with the GIL held: 180-200 ms on
-    a 2-core EPYC, a stall of every stream each time a request's survivors tip one off;
-    after the freeze it scans what serving made since (~1 ms). Unfrozen at shutdown: objects
-    left frozen at exit are never freed (triton's bindings report them as leaks)."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -102,7 +90,20 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
     )
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
-    log.info("%d start-up objects frozen out of the garbage collector", freeze_startup_heap())
+    with frozen_heap(collect=True) as frozen:
+        log.info("%d start-up objects frozen out of the garbage collector", frozen)
+        await _serve_until_stopped(args, name, drain, metrics)
+        await runner.cleanup()
+        llm.shutdown()
+    log.info("stopped")
+    return 0
+
+
+async def _serve_until_stopped(
+    args: argparse.Namespace, name: str, drain: DrainState, metrics: ServerMetrics
+) -> None:
+    """Serve until SIGTERM or SIGINT, then drain: wait for the requests in flight (cut at
+    the deadline)."""
     drain.loaded = True
     log.info("serving %s on http://%s:%d", name, args.host, args.port)
     stop = asyncio.Event()
@@ -117,8 +118,3 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
         log.warning("drain timeout: %d requests still in flight are cut", drain.in_flight)
         drain.cut()
         await drain.wait_idle(CUT_GRACE_SECONDS)
-    await runner.cleanup()
-    llm.shutdown()
-    gc.unfreeze()  # so that the interpreter's last collection frees the start-up heap too
-    log.info("stopped")
-    return 0
