@@ -76,8 +76,8 @@ class StaticDecodeBatch:
 
 
 class DecodeGraphs:
-    """Called like the model. Decode-only batches of up to ``sizes[-1]`` sequences replay
-    a captured graph; any other batch runs the model eagerly."""
+    """Called like the model. Decode-only batches of up to ``sizes[-1]`` sequences, all
+    rows out, replay a captured graph; any other batch runs the model eagerly."""
 
     @torch.inference_mode()
     def __init__(
@@ -114,11 +114,12 @@ class DecodeGraphs:
         positions: torch.Tensor,
         kv_caches: list[KVCache],
         meta: AttentionMetadata,
+        out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         size = padded_size(meta.num_seqs, self.sizes) if meta.max_query_len == 1 else None
         fits = meta.block_tables.shape[1] <= self.static.block_tables.shape[1]
-        if size is None or not fits or kv_caches is not self.kv_caches:
-            return self.model(input_ids, positions, kv_caches, meta)
+        if size is None or not fits or kv_caches is not self.kv_caches or out_rows is not None:
+            return self.model(input_ids, positions, kv_caches, meta, out_rows)
         self.static.fill(input_ids, positions, meta, size)
         self.graphs[size].replay()
         return self.outputs[size][: meta.num_seqs]

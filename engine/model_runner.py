@@ -26,6 +26,7 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # rows whose logits are sampled, one per sampling request
+    every_row: bool  # logits_indices are all the rows, in order (as in a decode-only step)
 
 
 class ModelRunner:
@@ -124,6 +125,7 @@ class ModelRunner:
         logits_rows = [np.asarray(sampling, dtype=np.int64)]
         for request, span in out.prompt_logprob_spans:
             logits_rows.append(np.arange(span.start, span.stop) + offset[id(request)])
+        rows = np.concatenate(logits_rows)
         dev = self.plan.device
         meta = AttentionMetadata(
             slot_mapping=to_device(np.concatenate(slots), dev),
@@ -139,13 +141,16 @@ class ModelRunner:
             input_ids=to_device(ids, dev, torch.long),
             positions=to_device(np.concatenate(positions), dev),
             meta=meta,
-            logits_indices=to_device(np.concatenate(logits_rows), dev),
+            logits_indices=to_device(rows, dev),
+            every_row=np.array_equal(rows, np.arange(len(ids))),
         )
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Run the step; fp32 logits ``[len(out.sampling_requests), vocab]``, followed by
-        the rows of ``out.prompt_logprob_spans`` in order."""
+        the rows of ``out.prompt_logprob_spans`` in order. Only those rows go through the
+        last layer's output projection and MLP (see ``DecoderLM.forward``)."""
         inputs = self.prepare(out)
-        hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        return self.model.logits(hidden[inputs.logits_indices])
+        rows = None if inputs.every_row else inputs.logits_indices
+        hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, rows)
+        return self.model.logits(hidden)
