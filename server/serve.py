@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -90,8 +91,8 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
     )
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
-    with frozen_heap(collect=True) as frozen:
-        log.info("%d start-up objects frozen out of the garbage collector", frozen)
+    with frozen_heap(collect=True):
+        log.info("%d start-up objects frozen out of the garbage collector", gc.get_freeze_count())
         await _serve_until_stopped(args, name, drain, metrics)
         await runner.cleanup()
         llm.shutdown()

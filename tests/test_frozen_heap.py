@@ -13,10 +13,10 @@ class Node:
 
 def test_the_heap_is_out_of_the_collectors_reach_in_the_block_and_back_after():
     before, tracked = Node(), len(gc.get_objects())
-    with frozen_heap() as frozen:
+    with frozen_heap():
         after = Node()
         unfrozen = gc.get_objects()
-        assert frozen >= tracked // 2 and gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() >= tracked // 2
         assert not any(o is before for o in unfrozen)
         assert any(o is after for o in unfrozen)
         assert len(unfrozen) < 1000
@@ -60,9 +60,9 @@ def test_a_callers_freeze_is_left_as_it_is():
     gc.freeze()
     try:
         count = gc.get_freeze_count()
-        with frozen_heap(collect=True) as frozen:
+        with frozen_heap(collect=True):
             later = Node()
-            assert frozen == count == gc.get_freeze_count()
+            assert gc.get_freeze_count() == count
             assert any(o is later for o in gc.get_objects())
         assert gc.get_freeze_count() == count
         assert not any(o is callers for o in gc.get_objects())
