@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from kvserve.engine import cpu_features
-from kvserve.engine.models.packed_linear import PackedLinear, can_pack
+from kvserve.engine.models.packed_linear import can_pack, packed
 
 
 def _best_seconds(fn, repeats: int) -> float:
@@ -30,13 +30,14 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 8) -> float:
 
 
 def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
-    """Best rate of an n×n by n×n matrix product in `dtype`, through the engine's own linear
-    layer where it packs one (torch's plain float32 matmul takes MKL's narrower path on AMD
-    CPUs, at ~40 % of the packed layer's rate there, so it would understate the floor)."""
+    """Best rate of an n×n by n×n matrix product in `dtype`, through the linear layer the
+    engine packs for it here, where it packs one (torch's plain float32 matmul takes MKL's
+    narrower path on AMD CPUs, at ~40 % of the packed layer's rate there, so it would
+    understate the floor)."""
     a = torch.randn(n, n).to(dtype)
     layer = torch.nn.Linear(n, n, bias=False).to(dtype)
     if can_pack(dtype, a.device):
-        layer = PackedLinear(layer)
+        layer = packed(layer)
     with torch.inference_mode():
         return 2 * n**3 / _best_seconds(lambda: layer(a), repeats) / 1e9
 

@@ -43,6 +43,7 @@ SIGNATURES = {
     "store_kv": [_P] * 5 + [_I] * 2 + [_L] * 2 + [_I] * 2,
     "linear_tile_shape": [_I, _P],
     "linear_f32": [_P] * 4 + [_I] * 3 + [_L] + [_I] * 2,
+    "linear_bf16": [_P] * 4 + [_I] * 3 + [_L] + [_I] * 2,
     "amx_usable": [],
     "linear_bf16_amx": [_P] * 4 + [_I] * 3 + [_L] + [_I],
     "dpbf16_usable": [],

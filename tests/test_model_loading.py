@@ -103,13 +103,22 @@ def test_cpu_kv_cache_defaults_to_max_num_seqs_full_contexts(checkpoint):
     assert budget.engine.plan.num_kv_blocks == 2**20 // (512 * 16)
 
 
-def test_bf16_linears_are_prepacked_and_give_the_same_tokens(checkpoint, monkeypatch):
-    from kvserve.engine import execution_plan
-    from kvserve.engine.models import amx_linear, dpbf16_linear
+@pytest.mark.parametrize("bf16", ["this-cpu", "emulated"])
+def test_bf16_linears_are_prepacked_and_give_the_same_tokens(bf16, checkpoint, monkeypatch):
+    """Whichever kernel packs bf16 linears here (AMX, AVX-512-BF16, oneDNN, or, on a CPU
+    whose bf16 is emulated, the panel kernel over bf16 panels), the tokens are those of
+    torch's own bf16 linears. ``emulated`` takes this CPU's bf16 flags away."""
+    from kvserve.engine import cpu_features, execution_plan
+    from kvserve.engine.models import amx_linear, dpbf16_linear, panel_linear
     from kvserve.engine.models.packed_linear import PackedLinear, can_pack
 
+    if bf16 == "emulated":
+        flags = cpu_features.cpu_flags() - cpu_features.NATIVE_BF16_FLAGS
+        monkeypatch.setattr(cpu_features, "cpu_flags", lambda: flags)
+        monkeypatch.setattr(amx_linear, "can_use", lambda dtype, device: False)
+        monkeypatch.setattr(dpbf16_linear, "can_use", lambda dtype, device: False)
     if not can_pack(torch.bfloat16, torch.device("cpu")):
-        pytest.skip("this CPU has no native bf16 (AMX / AVX-512-BF16): oneDNN cannot prepack")
+        pytest.skip("nothing packs bf16 linears here (no kernel library, no oneDNN bf16)")
 
     path = str(checkpoint("qwen2"))  # biased q/k/v projections too
     prompts = [[5, 9, 33, 70, 12, 8], [100, 200, 300]]
@@ -121,6 +130,8 @@ def test_bf16_linears_are_prepacked_and_give_the_same_tokens(checkpoint, monkeyp
         if amx_linear.can_use(torch.bfloat16, cpu)
         else dpbf16_linear.DpBf16Linear
         if dpbf16_linear.can_use(torch.bfloat16, cpu)
+        else panel_linear.PanelLinear
+        if panel_linear.can_use(torch.bfloat16, cpu)
         else PackedLinear
     )
     assert isinstance(packed.engine.runner.model.layers[0].self_attn.qkv_proj, expected)

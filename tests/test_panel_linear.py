@@ -1,14 +1,15 @@
-"""The float32 linear kernel (csrc/cpu_linear.c, through PanelLinear) against torch's own
-linear, on each SIMD path this CPU has and on several threads: row counts around the
-register tile and the row blocks (shared out evenly between the threads), widths that end
-mid-panel, biases, strided inputs."""
+"""The panel linear kernel (csrc/cpu_linear.c, through PanelLinear) against a float64 linear
+of the same values, in float32 and over bfloat16 panels, on each SIMD path this CPU has and
+on several threads: row counts around the register tile and the row blocks (shared out
+evenly between the threads), widths that end mid-panel, biases, strided inputs; bf16's
+rounding of the float32 sums; and where pack_linears takes it."""
 
 import pytest
 import torch
 from cpu_paths import ISA_PARAMS, float64_linear, num_threads
 from torch import nn
 
-from kvserve.engine import cpu_library
+from kvserve.engine import cpu_features, cpu_library
 from kvserve.engine.models import panel_linear
 from kvserve.engine.models.packed_linear import PackedLinear, pack_linears
 
@@ -27,35 +28,66 @@ SHAPES = [  # (rows, out, in)
 ]
 
 
-def reference(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    return float64_linear(x, layer).float()
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def assert_matches_float64(got: torch.Tensor, x: torch.Tensor, layer: nn.Linear) -> None:
+    assert got.dtype == layer.weight.dtype
+    exact = float64_linear(x, layer)
+    if got.dtype == torch.float32:  # float32 sums in another order: a few ulps
+        torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+    else:  # float32 sums rounded to bf16 once: within one bf16 step of the exact value
+        torch.testing.assert_close(got.double(), exact, rtol=2**-7, atol=1e-3)
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)
 @pytest.mark.parametrize(("rows", "out", "inputs"), SHAPES)
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("threads", [1, 3], ids=["1-thread", "3-threads"])
-def test_panel_linear_matches_torch(isa, rows, out, inputs, bias, threads):
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_panel_linear_matches_float64(isa, rows, out, inputs, bias, threads, dtype):
     torch.manual_seed(rows * out + inputs)
-    layer = nn.Linear(inputs, out, bias=bias)
-    x = torch.randn(rows, inputs)
+    layer = nn.Linear(inputs, out, bias=bias).to(dtype)
+    x = torch.randn(rows, inputs).to(dtype)
     with num_threads(threads), torch.inference_mode():
         got = panel_linear.PanelLinear(layer, isa=isa)(x)
-    assert (got.dtype, got.shape) == (torch.float32, (rows, out))
-    # float32 sums of `inputs` products in another order: a few ulps of the largest term
-    torch.testing.assert_close(got, reference(x, layer), rtol=1e-5, atol=1e-5)
+    assert got.shape == (rows, out)
+    assert_matches_float64(got, x, layer)
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)
-def test_panel_linear_takes_strided_rows_and_leading_dims(isa):
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_panel_linear_takes_strided_rows_and_leading_dims(isa, dtype):
     torch.manual_seed(0)
-    layer = nn.Linear(40, 70)
-    wide = torch.randn(2, 9, 64)
-    x = wide[..., 5:45]  # rows 64 floats apart, 40 used
+    layer = nn.Linear(40, 70).to(dtype)
+    wide = torch.randn(2, 9, 64).to(dtype)
+    x = wide[..., 5:45]  # rows 64 elements apart, 40 used
     with torch.inference_mode():
         got = panel_linear.PanelLinear(layer, isa=isa)(x)
     assert got.shape == (2, 9, 70)
-    torch.testing.assert_close(got, reference(x, layer), rtol=1e-5, atol=1e-5)
+    assert_matches_float64(got, x, layer)
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+def test_bf16_sums_round_to_nearest_even_and_keep_nan(isa):
+    """Each float32 sum is rounded to bf16 as torch rounds it: a tie to the even neighbour
+    (truncation, or rounding ties up, would each miss one of these), NaN as NaN."""
+    ulp = 2.0**-7  # bf16's step in [1, 2)
+    sums = [1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 4, 1 + 3 * ulp / 4]
+    layer = nn.Linear(2, 16 * len(sums), bias=False)
+    with torch.no_grad():
+        layer.weight.zero_()
+        for j, value in enumerate(sums):  # column j (and its panel lanes): 1 * 1 + 1 * rest
+            layer.weight[j :: len(sums)] = torch.tensor([1.0, value - 1])
+        layer.weight[-1] = torch.tensor([float("inf"), 1.0])  # inf * 0 + 1 * 1: NaN
+    layer = layer.to(torch.bfloat16)
+    x = torch.tensor([[0.0, 1.0], [1.0, 1.0]], dtype=torch.bfloat16)
+    with torch.inference_mode():
+        got = panel_linear.PanelLinear(layer, isa=isa)(x)
+    want = (x.float() @ layer.weight.float().t()).to(torch.bfloat16)
+    assert want[1, : len(sums)].tolist() == [1.0, 1 + 2 * ulp, 1.0, 1 + ulp]
+    assert torch.equal(got[1, :-1], want[1, :-1])
+    assert got[0, -1].isnan() and want[0, -1].isnan()
 
 
 def test_panels_hold_the_weight_rows_transposed_with_zero_padding():
@@ -81,7 +113,22 @@ def test_pack_linears_takes_the_panel_kernel_for_float32_on_avx2_and_avx512(isa,
     assert kinds == ({PackedLinear} if isa == "baseline" else {panel_linear.PanelLinear})
     if isa != "baseline":
         assert {m.isa for m in model} == {isa}
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        bf16 = nn.Sequential(nn.Linear(8, 8)).to(torch.bfloat16)
-        pack_linears(bf16)
-        assert isinstance(bf16[0], PackedLinear)
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("native", [False, True], ids=["emulated-bf16", "native-bf16"])
+def test_pack_linears_takes_the_panel_kernel_for_bf16_only_where_bf16_is_emulated(
+    isa, native, monkeypatch
+):
+    monkeypatch.setattr(cpu_library, "default_isa", lambda: isa)
+    flags = frozenset({"avx2", "avx512f"} | ({"avx512_bf16"} if native else set()))
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: flags)
+    # the kernels of native bf16 (AMX, AVX-512-BF16) skip this shape: k is odd
+    model = nn.Sequential(nn.Linear(7, 8)).to(torch.bfloat16)
+    if isa != "baseline" and not native:
+        pack_linears(model)
+        assert isinstance(model[0], panel_linear.PanelLinear)
+        assert (model[0].isa, model[0].panels.dtype) == (isa, torch.bfloat16)
+    elif torch.ops.mkldnn._is_mkldnn_bf16_supported():  # else nothing packs bf16 here
+        pack_linears(model)
+        assert isinstance(model[0], PackedLinear)

@@ -32,19 +32,6 @@ static inline __attribute__((always_inline)) void FN(load_pair)(const void *base
     *hi = (vec)(w & 0xFFFF0000u);
 }
 
-/* The single vector at element i, in dim order. */
-static inline __attribute__((always_inline)) vec FN(load_one)(const void *base, int64_t i,
-                                                              int is_bf16) {
-    typedef uint16_t halves __attribute__((vector_size(VEC * 2), aligned(2), may_alias));
-    typedef uint32_t wide __attribute__((vector_size(VEC * 4)));
-    vec v;
-    if (!is_bf16) {
-        LOADV(v, (const float *)base + i);
-        return v;
-    }
-    return (vec)(__builtin_convertvector(*(const halves *)((const uint16_t *)base + i), wide) << 16);
-}
-
 /* q · k over one head's hd dims (q in lane order). */
 static inline __attribute__((always_inline)) float FN(dot)(const float *q, const void *keys,
                                                            int64_t k, int hd, int is_bf16) {

@@ -46,7 +46,7 @@ static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int 
  * once, before the products). */
 static void FN(panel_rows)(const float *x, int64_t x_stride, const float *panel, int k, int rows,
                            int vecs, float *out, int accumulate) {
-#define TILE(n, v) FN(tile)(x, x_stride, panel, k, n, out, NR, NULL, (v) * VEC, NULL, 0, accumulate, v)
+#define TILE(n, v) FN(tile)(x, x_stride, panel, k, n, out, NR, NULL, (v) * VEC, NULL, 0, accumulate, v, 0, 0)
 #define ROWS(n)                                                                              \
     case n:                                                                                  \
         if (vecs == 1)                                                                       \

@@ -10,21 +10,24 @@
 
 /* out[r][0, cols) = x[r] · panel (+ bias) for `rows` rows, the sums in registers over all
  * k; with `accumulate`, out[r] += x[r] · panel instead (cols == vecs * VEC); only the
- * panel's first `vecs` vectors (1..NR_VECS; cols <= vecs * VEC). rows and vecs are
- * constants once inlined (they size the registers). prefetch, if not NULL, is this tile's
- * share of the next panel: pf_step bytes of it are fetched with each k, so the panel after
- * streams from cache. */
+ * panel's first `vecs` vectors (1..NR_VECS; cols <= vecs * VEC). `panel_bf16`: the panel
+ * is bfloat16 (widened as read), `out_bf16`: so is out (the sums rounded once as stored),
+ * else float32; out_bf16 never with `accumulate`. rows, vecs and both flags are constants
+ * once inlined (they size the registers and pick the loads).
+ * prefetch, if not NULL, is this tile's share of the next panel: pf_step bytes of it are
+ * fetched with each k, so the panel after streams from cache. */
 static inline __attribute__((always_inline)) void FN(tile)(const float *x, int64_t x_stride,
-                                                           const float *panel, int k, int rows,
-                                                           float *out, int64_t out_stride,
+                                                           const void *panel, int k, int rows,
+                                                           void *out, int64_t out_stride,
                                                            const float *bias, int cols,
                                                            const char *prefetch, int pf_step,
-                                                           int accumulate, int vecs) {
+                                                           int accumulate, int vecs,
+                                                           int panel_bf16, int out_bf16) {
     vec acc[MR][NR_VECS];
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < vecs; c++) {
             if (accumulate)
-                LOADV(acc[r][c], out + r * out_stride + VEC * c);
+                LOADV(acc[r][c], (const float *)out + r * out_stride + VEC * c);
             else
                 acc[r][c] = (vec){0};
         }
@@ -32,7 +35,7 @@ static inline __attribute__((always_inline)) void FN(tile)(const float *x, int64
     for (int i = 0; i < k; i++) {
         vec b[NR_VECS];
         for (int c = 0; c < vecs; c++) {
-            LOADV(b[c], panel + (int64_t)i * NR + VEC * c);
+            b[c] = FN(load_one)(panel, (int64_t)i * NR + VEC * c, panel_bf16);
 #if defined(__x86_64__)
             __asm__("" : "+v"(b[c])); /* in a register: not reloaded for every row */
 #endif
@@ -53,13 +56,13 @@ static inline __attribute__((always_inline)) void FN(tile)(const float *x, int64
         }
     if (cols == vecs * VEC) {
         for (int r = 0; r < rows; r++)
-            for (int c = 0; c < vecs; c++) STOREV(out + r * out_stride + VEC * c, acc[r][c]);
+            for (int c = 0; c < vecs; c++) FN(store_one)(out, r * out_stride + VEC * c, out_bf16, acc[r][c]);
         return;
     }
     for (int r = 0; r < rows; r++) {
         float row[NR];
         for (int c = 0; c < vecs; c++) STOREV(row + VEC * c, acc[r][c]);
-        for (int j = 0; j < cols; j++) out[r * out_stride + j] = row[j];
+        for (int j = 0; j < cols; j++) store(out, r * out_stride + j, out_bf16, row[j]);
     }
 }
 

@@ -1,5 +1,7 @@
 """Float32 linear layers on a CPU through the project's own kernel (``csrc/cpu_linear.c``),
-over a weight packed once into panels of the SIMD path's width.
+over a weight packed once into panels of the SIMD path's width; and bfloat16 ones on CPUs
+without bf16 arithmetic, through the same kernel over bf16 panels (widened as read, summed
+in float32, rounded once), where torch's bf16 matmul is emulated element by element.
 
 The kernel keeps every sum in registers over the whole reduction and fetches the next panel
 while it reads the current one. The engine takes it for float32 on CPUs whose widest path is
@@ -17,7 +19,7 @@ import ctypes
 import torch
 from torch import nn
 
-from kvserve.engine import cpu_library
+from kvserve.engine import cpu_features, cpu_library
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.models.kernel_linear import KernelLinear
 
@@ -34,34 +36,40 @@ def tile_shape(isa: str) -> tuple[int, int]:
 
 
 PANEL_ISAS = ("avx2", "avx512")
-"""The widest SIMD paths on which the engine packs float32 linears for this kernel."""
+"""The widest SIMD paths on which the engine packs linears for this kernel."""
+
+KERNELS = {torch.float32: "linear_f32", torch.bfloat16: "linear_bf16"}
 
 
 def can_use(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether the engine packs float32 linears for this kernel here (see PANEL_ISAS)."""
+    """Whether the engine packs linears in ``dtype`` for this kernel here: float32, or
+    bfloat16 on a CPU without native bf16, where the widest path is one of PANEL_ISAS."""
     return (
         device.type == "cpu"
-        and dtype == torch.float32
+        and (
+            dtype == torch.float32
+            or (dtype == torch.bfloat16 and not cpu_features.native_bf16(cpu_features.cpu_flags()))
+        )
         and cpu_library.available()
         and cpu_library.default_isa() in PANEL_ISAS
     )
 
 
 class PanelLinear(KernelLinear):
-    """``nn.Linear``'s forward for float32 on a CPU. ``panels``: [ceil(out / W), in, W], the
-    weight's rows W at a time, transposed (W: the panel width of ``isa``), zeros past the
-    last row; ``kernel_bias``: the bias with zeros to a whole panel (or None)."""
-
-    out_dtype = torch.float32
-    kernel = "linear_f32"
+    """``nn.Linear``'s forward for float32 or bfloat16 (the weight's dtype) on a CPU.
+    ``panels``: [ceil(out / W), in, W] in that dtype, the weight's rows W at a time,
+    transposed (W: the panel width of ``isa``), zeros past the last row; ``kernel_bias``:
+    the bias in float32 with zeros to a whole panel (or None)."""
 
     def __init__(self, linear: nn.Linear, isa: str | None = None) -> None:
         super().__init__()
         self.isa = isa or cpu_library.default_isa()
+        self.out_dtype = linear.weight.dtype
+        self.kernel = KERNELS[self.out_dtype]
         self.out_features, self.in_features = linear.weight.shape
         width = tile_shape(self.isa)[1]
         padded = cdiv(self.out_features, width) * width
-        weight = torch.zeros(padded, self.in_features, dtype=torch.float32)
+        weight = torch.zeros(padded, self.in_features, dtype=self.out_dtype)
         weight[: self.out_features] = linear.weight.detach()
         panels = weight.view(padded // width, width, self.in_features).transpose(1, 2)
         self.register_buffer("panels", panels.contiguous())
