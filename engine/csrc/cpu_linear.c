@@ -7,9 +7,9 @@
  * row; NR is the SIMD path's panel width (linear_tile_shape). bias: NULL, or
  * ceil(n / NR) * NR floats (zeros past n). x: m rows of k elements, x_stride apart; out:
  * [m, n], contiguous. linear_bf16 widens x into float32 scratch first (a pass over m * k
- * elements, against the product's m * k * n), widens each panel vector as it reads it and
- * rounds each sum to bf16 once, as torch's bf16 matmul does: the weight streams at half
- * float32's bytes, the arithmetic is float32's.
+ * elements, against the product's m * k * n), widens the panels (see linear()) and rounds
+ * each sum to bf16 once, as torch's bf16 matmul does: the weight streams at half float32's
+ * bytes, the arithmetic is float32's.
  *
  * One pass, no packing of x: the work items, (block of rows, panel), run on OpenMP threads
  * (torch's, see cpu_decode.c), rows-block major, a few panels at a time (take_size), so the
