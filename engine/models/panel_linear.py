@@ -1,7 +1,8 @@
 """Float32 linear layers on a CPU through the project's own kernel (``csrc/cpu_linear.c``),
 over a weight packed once into panels of the SIMD path's width; and bfloat16 ones on CPUs
-without bf16 arithmetic, through the same kernel over bf16 panels (widened as read, summed
-in float32, rounded once), where torch's bf16 matmul is emulated element by element.
+without bf16 arithmetic, through the same kernel over bf16 panels (widened to float32 in
+the kernel, summed in float32, rounded once), where torch's bf16 matmul is emulated element
+by element.
 
 The kernel keeps every sum in registers over the whole reduction and fetches the next panel
 while it reads the current one. The engine takes it for float32 on CPUs whose widest path is
