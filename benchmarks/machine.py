@@ -43,11 +43,22 @@ def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
 
 
 def cpu_model() -> str:
+    """The first CPU's model name with its family and model numbers (a VM may show only the
+    vendor's line, "AMD EPYC", for every generation), and whether ``hold_avx2`` holds this
+    process to AVX2 (it sets ``HOLD_AVX2``, which the processes started from here inherit)."""
+    fields: dict[str, str] = {}
     with open("/proc/cpuinfo") as f:
         for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or "unknown"
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    if os.environ.get("HOLD_AVX2"):
+        name += " held to AVX2 (benchmarks/hold_avx2)"
+    return name
 
 
 def cpu_flags(
