@@ -46,13 +46,7 @@ def cpu_model() -> str:
     """The first CPU's model name with its family and model numbers (a VM may show only the
     vendor's line, "AMD EPYC", for every generation), and whether ``hold_avx2`` holds this
     process to AVX2 (it sets ``HOLD_AVX2``, which the processes started from here inherit)."""
-    fields: dict[str, str] = {}
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if not line.strip():
-                break
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
+    fields = cpu_features.first_cpu(Path("/proc/cpuinfo").read_text())
     name = fields.get("model name") or platform.processor() or "unknown"
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']}, model {fields['model']})"

@@ -9,13 +9,24 @@ import functools
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
+def first_cpu(cpuinfo: str) -> dict[str, str]:
+    """The fields of the first processor of a /proc/cpuinfo text (its lines up to the blank
+    one after them), e.g. ``model name``, ``cpu family``, ``flags``."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 def parse_flags(cpuinfo: str) -> frozenset[str]:
     """The first ``flags`` (x86) or ``Features`` (aarch64) line of a /proc/cpuinfo text."""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
+    fields = first_cpu(cpuinfo)
+    return frozenset(fields.get("flags", fields.get("Features", "")).split())
 
 
 @functools.cache
