@@ -25,8 +25,9 @@ class EngineConfig:
     memory budget (``kv_cache_memory_gb``; on CUDA, ``gpu_memory_utilization``; on a
     CPU by default, ``max_num_seqs`` full contexts, at most
     ``kv_cache_sizing.DEFAULT_CPU_KV_CACHE_GB``).
-    ``enforce_eager`` turns off the CUDA graphs that replay decode steps. ``kv_events_config``
-    (vLLM's ``--kv-events-config``) publishes the prefix cache's changes; None: off.
+    ``enforce_eager`` turns off the replayed decode steps (CUDA graphs; on a CPU, recorded
+    kernel calls). ``kv_events_config`` (vLLM's ``--kv-events-config``) publishes the prefix
+    cache's changes; None: off.
     Each field is declared once with ``setting`` (``engine/settings.py``): its ``serve`` flag,
     ``KVSERVE_*`` variable, choices, minimum and, with a ``Crd``, its LLMDeployment field."""
 
@@ -48,7 +49,9 @@ class EngineConfig:
     num_kv_blocks: int | None = setting(None, minimum=1, help="exact number of KV blocks")
     kv_cache_memory_gb: float | None = setting(None, help="KV-cache budget in GiB")
     gpu_memory_utilization: float = setting(0.9, crd=Crd(schema={"minimum": 0.05, "maximum": 1}))
-    enforce_eager: bool = setting(False, help="no CUDA graphs")
+    enforce_eager: bool = setting(
+        False, help="no replayed decode steps (CUDA graphs, recorded CPU kernel calls)"
+    )
     tensor_parallel_size: int = setting(1, minimum=1, crd=Crd(defaulted=True))
     enable_prefix_caching: bool = setting(True, crd=Crd(defaulted=True))
     attention_backend: str = setting("auto", choices=ATTENTION_BACKENDS)

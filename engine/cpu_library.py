@@ -11,6 +11,7 @@ process is torch's own, already loaded, so they share torch's warm thread pool. 
 library and without a compiler, ``load()`` is None and callers take their torch paths.
 """
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -19,6 +20,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -35,7 +39,7 @@ ISAS = {"baseline": 0, "avx2": 1, "avx512": 2}
 _P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
 SIGNATURES = {
     "best_isa": [],
-    "paged_decode": [_P] * 6 + [_I] * 6 + [_F] + [_I] * 3,
+    "paged_decode": [_P] * 6 + [_L] + [_I] * 6 + [_F] + [_I] * 3,
     "paged_prefill": [_P] * 8 + [_I] * 6 + [_F] + [_I] * 3,
     "add_rms_norm": [_P] * 4 + [_I] * 2 + [_F] + [_I] * 3,
     "silu_and_mul": [_P] * 2 + [_I] * 5,
@@ -129,3 +133,40 @@ def supported_isas() -> list[str]:
 def check(status: int, kernel: str, isa: str) -> None:
     if status != 0:
         raise RuntimeError(f"{kernel} failed ({status}) on the {isa} path")
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One call of a kernel, as ``run`` made it: replayable while every address in ``args``
+    stays valid."""
+
+    function: Callable[..., int]
+    args: tuple
+    kernel: str
+    isa: str
+
+    def __call__(self) -> None:
+        check(self.function(*self.args), self.kernel, self.isa)
+
+
+_recording: ContextVar[list[KernelCall] | None] = ContextVar("kernel_calls", default=None)
+
+
+def run(kernel: str, isa: str, *args) -> None:
+    """Calls ``kernel`` on ``args`` (raising if it fails on the ``isa`` path), and appends
+    the call to the list that ``recording`` gives, if one is open in this context."""
+    call = KernelCall(getattr(load(), kernel), args, kernel, isa)
+    if (calls := _recording.get()) is not None:
+        calls.append(call)
+    call()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[KernelCall]]:
+    """The kernel calls ``run`` makes in this context (thread) until the block exits."""
+    calls: list[KernelCall] = []
+    token = _recording.set(calls)
+    try:
+        yield calls
+    finally:
+        _recording.reset(token)

@@ -10,6 +10,7 @@ from kvserve.engine.attention.backend import AttentionBackend, select_backend
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import DTYPES, EngineConfig
 from kvserve.engine.cpu_features import cpu_flags, native_bf16
+from kvserve.engine.cpu_graphs import use_cpu_graphs
 from kvserve.engine.cuda_graphs import use_cuda_graphs
 from kvserve.engine.kv_cache_sizing import (
     configured_kv_blocks,
@@ -38,6 +39,7 @@ class ExecutionPlan:
     """Why ``auto`` chose a dtype other than the checkpoint's (empty when it did not)."""
     backend: AttentionBackend
     cuda_graphs: bool
+    cpu_graphs: bool
     packed_linears: bool
     max_model_len: int
     block_size: int
@@ -63,6 +65,7 @@ class ExecutionPlan:
             f"dtype {str(self.dtype).removeprefix('torch.')}"
             f"{f' ({self.dtype_note})' if self.dtype_note else ''}, attention {self.backend.name}, "
             f"cuda graphs {on_off[self.cuda_graphs]}, "
+            f"cpu graphs {on_off[self.cpu_graphs]}, "
             f"packed linears {on_off[self.packed_linears]}, "
             f"max_model_len {self.max_model_len}, "
             f"{self.num_kv_blocks} KV blocks x {self.block_size} tokens"
@@ -89,6 +92,7 @@ def plan_execution(
         dtype_note=dtype_note,
         backend=backend,
         cuda_graphs=use_cuda_graphs(device, backend.name, config.enforce_eager),
+        cpu_graphs=use_cpu_graphs(device, backend.name, config.enforce_eager),
         packed_linears=can_pack(dtype, device),
         max_model_len=max_model_len,
         block_size=config.block_size,

@@ -9,6 +9,7 @@ import torch
 from kvserve.engine import host_allocator
 from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.cpu_graphs import CPUDecodeGraphs
 from kvserve.engine.cuda_graphs import DecodeGraphs, capture_sizes
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan
@@ -85,6 +86,10 @@ class ModelRunner:
                 sizes = capture_sizes(config.max_num_seqs)
                 self.forward = DecodeGraphs(
                     self.model, self.kv_caches, sizes, plan.max_blocks_per_seq, device
+                )
+            elif plan.cpu_graphs:
+                self.forward = CPUDecodeGraphs(
+                    self.model, self.kv_caches, config.max_num_seqs, plan.max_blocks_per_seq
                 )
             self._warm_up()
 

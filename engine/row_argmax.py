@@ -17,7 +17,9 @@ def row_argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor:
         return x.argmax(dim=-1)  # for an empty row, torch's error
     out = torch.empty(x.shape[0], dtype=torch.int64)
     isa = isa or cpu_library.default_isa()
-    status = lib.row_argmax(
+    cpu_library.run(
+        "row_argmax",
+        isa,
         x.data_ptr(),
         out.data_ptr(),
         x.shape[0],
@@ -26,5 +28,4 @@ def row_argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor:
         torch.get_num_threads(),
         cpu_library.ISAS[isa],
     )
-    cpu_library.check(status, "row_argmax", isa)
     return out

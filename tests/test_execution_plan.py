@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kvserve import LLM, SamplingParams
-from kvserve.engine import execution_plan
+from kvserve.engine import cpu_library, execution_plan
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
 from kvserve.engine.llm_engine import LLMEngine
@@ -49,6 +49,7 @@ def test_a_tiny_checkpoint_on_the_cpu_gets_an_exact_plan(checkpoint):
         "dtype_note": "",
         "backend": "torch",
         "cuda_graphs": False,
+        "cpu_graphs": False,  # the torch attention path is not the kernels'
         "packed_linears": True,  # oneDNN linears, float32 too
         "max_model_len": 100,
         "block_size": 16,
@@ -80,6 +81,9 @@ def test_the_checkpoint_and_the_device_decide_what_auto_means(checkpoint):
     on_cuda = plan_execution(EngineConfig(model=path, device="cuda"), half)
     eager = plan_execution(EngineConfig(model=path, device="cuda", enforce_eager=True), half)
     assert (on_cpu.dtype, on_cpu.cuda_graphs) == (torch.bfloat16, False)  # float16 is slow there
+    assert on_cpu.cpu_graphs == cpu_library.available()  # the kernels' attention path
+    eager_cpu = EngineConfig(model=path, device="cpu", enforce_eager=True)
+    assert not plan_execution(eager_cpu, half, AVX512_BF16).cpu_graphs
     assert (on_cuda.dtype, on_cuda.backend.name, on_cuda.cuda_graphs) == (
         torch.float16,
         "triton",
@@ -172,7 +176,8 @@ def test_the_engine_runs_and_logs_its_plan_in_one_line(checkpoint, caplog):
     plan_lines = [r.getMessage() for r in caplog.records if "KV blocks" in r.getMessage()]
     assert plan_lines == [
         f"execution plan: {path} (llama): device cpu, dtype float32, attention torch, "
-        "cuda graphs off, packed linears on, max_model_len 100, 21 KV blocks x 16 tokens"
+        "cuda graphs off, cpu graphs off, packed linears on, max_model_len 100, "
+        "21 KV blocks x 16 tokens"
     ]
     assert described(engine.plan) == described(plan_execution(config, engine.model_config))
     assert (engine.kv.pool.num_blocks, engine.runner.kv_caches[0][0].shape) == (

@@ -34,7 +34,11 @@ def mlp_rows_per_step(engine: LLMEngine) -> list[tuple[int, int]]:
 
 def test_only_the_read_rows_pass_the_last_layers_mlp(checkpoint):
     path = str(checkpoint("llama"))
-    engine = LLMEngine(EngineConfig(model=path, num_kv_blocks=64, max_num_batched_tokens=8))
+    # eager: the hooks see modules run, and a replayed decode step runs none
+    config = EngineConfig(
+        model=path, num_kv_blocks=64, max_num_batched_tokens=8, enforce_eager=True
+    )
+    engine = LLMEngine(config)
     prompts = {"a": list(range(3, 23)), "b": list(range(40, 45)), "c": list(range(50, 56))}
     engine.add_request("a", prompts["a"], GREEDY)
     assert mlp_rows_per_step(engine) == [

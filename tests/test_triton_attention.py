@@ -205,6 +205,27 @@ def test_decode_batch_matches_torch(seed, gqa, dtype, backend):
 
 @pytest.mark.parametrize("backend", CPU_PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cpu_decode_reads_the_queries_in_place_in_the_qkv_rows(seed, dtype, backend):
+    """Queries as the fused qkv projection leaves them (each row's q, k and v side by side,
+    so rows are strided): the same output as from a contiguous copy, bit for bit."""
+    batch = make_batch(
+        [1] * 5, [1, 17, 130, 64, 200], num_heads=8, num_kv_heads=4, head_dim=64, dtype=dtype
+    )
+    tokens, heads, head_dim = batch.query.shape
+    qkv = torch.randn(tokens, (heads + 2 * 4) * head_dim).to(dtype)
+    qkv[:, : heads * head_dim] = batch.query.flatten(1)
+    strided = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    assert not strided.is_contiguous()
+    check_attention(batch, seed, backend)  # stores the keys and values, checks the copy
+
+    scale = head_dim**-0.5
+    out = backend().attend(strided, batch.key_cache, batch.value_cache, batch.meta, scale)
+    copy = backend().attend(batch.query, batch.key_cache, batch.value_cache, batch.meta, scale)
+    assert torch.equal(out, copy)
+
+
+@pytest.mark.parametrize("backend", CPU_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("gqa", [1, 2])
 def test_cpu_decode_splits_the_contexts_of_few_sequences_across_threads(seed, gqa, dtype, backend):
     """With few tokens per thread each context longer than 128 tokens is split into equal

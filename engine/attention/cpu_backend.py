@@ -42,9 +42,9 @@ class CPUAttention(TorchAttention):
         ):
             super().store_kv(key, value, key_cache, value_cache, slot_mapping)
             return
-        lib = cpu_library.load()
-        assert lib is not None  # chosen only where cpu_library.available()
-        status = lib.store_kv(
+        cpu_library.run(
+            "store_kv",
+            self.isa,
             *_pointers(key, value, key_cache, value_cache, slot_mapping),
             key.shape[0],
             key.shape[1] * key.shape[2],
@@ -53,17 +53,18 @@ class CPUAttention(TorchAttention):
             DTYPES[key.dtype],
             torch.get_num_threads(),
         )
-        cpu_library.check(status, "store_kv", self.isa)
 
     def _decode(self, query, key_cache, value_cache, meta, seqs: list[int], scale: float):
         if not _kernels_take(query, key_cache):
             return super()._decode(query, key_cache, value_cache, meta, seqs, scale)
         tables, seq_lens = _sequences(meta, seqs)
-        query = query.contiguous()
-        out = torch.empty_like(query)
+        if not rows_of_heads(query):
+            query = query.contiguous()
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         self._run(
             "paged_decode",
             *_pointers(query, key_cache, value_cache, tables, seq_lens, out),
+            query.stride(0),
             len(seqs),
             *_geometry(query, key_cache, tables),
             scale,
@@ -96,10 +97,9 @@ class CPUAttention(TorchAttention):
 
     def _run(self, kernel: str, *args) -> None:
         """C kernel ``kernel`` on ``args``, then torch's thread count and this SIMD path."""
-        lib = cpu_library.load()
-        assert lib is not None  # chosen only where cpu_library.available()
-        status = getattr(lib, kernel)(*args, torch.get_num_threads(), cpu_library.ISAS[self.isa])
-        cpu_library.check(status, kernel, self.isa)
+        cpu_library.run(
+            kernel, self.isa, *args, torch.get_num_threads(), cpu_library.ISAS[self.isa]
+        )
 
 
 def _kernels_take(query: torch.Tensor, key_cache: torch.Tensor) -> bool:

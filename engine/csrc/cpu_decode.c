@@ -1,7 +1,8 @@
 /* Paged decode attention for the CPU: one query token per sequence, keys and values read
  * in place from the block-paged cache (no gather), fp32 math.
  *
- * q, out: [num_seqs, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads,
+ * q: num_seqs rows of [num_heads, head_dim], q_stride elements apart (a view of the qkv
+ * projection's output, say); out: [num_seqs, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads,
  * head_dim]; tables: [num_seqs, table_stride] int32; seq_lens: [num_seqs] int32. Elements
  * are float32 or bfloat16 bits (is_bf16); head_dim must be a multiple of 16.
  *
@@ -25,6 +26,7 @@ struct decode_args {
     const void *q, *key_cache, *value_cache;
     const int32_t *tables, *seq_lens;
     void *out;
+    int64_t q_stride; /* elements from one sequence's query row to the next */
     int num_seqs, num_heads, num_kv_heads, head_dim, block_size, table_stride, is_bf16;
     float scale;
 };
@@ -85,14 +87,15 @@ static int ranges_of(int len, int span) {
 /* 0 on success, -1 for an ISA this build or this CPU lacks or a head_dim it does not take,
  * -2 if memory ran out. */
 int paged_decode(const void *q, const void *key_cache, const void *value_cache,
-                 const int32_t *tables, const int32_t *seq_lens, void *out, int num_seqs,
+                 const int32_t *tables, const int32_t *seq_lens, void *out, int64_t q_stride,
+                 int num_seqs,
                  int num_heads, int num_kv_heads, int head_dim, int block_size, int table_stride,
                  float scale, int is_bf16, int num_threads, int isa) {
     if (head_dim % 16 != 0 || !isa_usable(isa)) return -1;
     const decode_item_fn item = PICK(decode_item, isa);
-    const struct decode_args a = {q,        key_cache, value_cache,  tables,  seq_lens,
-                                  out,      num_seqs,  num_heads,    num_kv_heads,
-                                  head_dim, block_size, table_stride, is_bf16, scale};
+    const struct decode_args a = {q,         key_cache,  value_cache,  tables,    seq_lens,
+                                  out,       q_stride,   num_seqs,     num_heads, num_kv_heads,
+                                  head_dim,  block_size, table_stride, is_bf16,   scale};
     /* About four items per thread: each context in equal ranges of at most `span` tokens,
      * whole where it is no longer (so a large batch runs one item per sequence). */
     int64_t total = 0;

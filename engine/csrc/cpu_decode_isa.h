@@ -109,7 +109,7 @@ static inline __attribute__((always_inline)) void FN(decode_pass)(const struct d
     const int len = end - begin, size = is_bf16 ? 2 : 4;
     const int32_t *table = a->tables + (int64_t)s * a->table_stride;
     float *scores = scratch, *acc = scratch + (int64_t)heads * len, *qf = acc + heads * hd;
-    const int64_t q_offset = (int64_t)s * heads * hd;
+    const int64_t q_offset = s * a->q_stride, out_offset = (int64_t)s * heads * hd;
     for (int h = 0; h < heads; h++)
         for (int i = 0; i < hd; i++)
             qf[h * hd + FN(lane)(i, hd, is_bf16)] = load(a->q, q_offset + h * hd + i, is_bf16) * a->scale;
@@ -161,7 +161,7 @@ static inline __attribute__((always_inline)) void FN(decode_pass)(const struct d
             if (partial != NULL)
                 partial[(int64_t)h * (hd + 2) + i] = value;
             else
-                store(a->out, q_offset + h * hd + i, is_bf16, value);
+                store(a->out, out_offset + h * hd + i, is_bf16, value);
         }
 }
 

@@ -161,13 +161,29 @@ class DecoderLM(nn.Module):
         layer nothing else of a row is ever read unless its hidden state is: there the
         output projection and the MLP run on rows ``out_rows`` alone. In a prefill step
         that is one row per prompt: 6 % of the 134M model's matmul work skipped."""
-        hidden, residual = self.embed_tokens(input_ids), None
+        hidden, residual = self.run_layers(
+            self.embed_tokens(input_ids), positions, kv_caches, meta, out_rows
+        )
+        return residual + hidden
+
+    def run_layers(
+        self,
+        hidden: torch.Tensor,
+        positions,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+        out_rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` from the embedded tokens ``hidden`` (which become the residual
+        stream's buffer, updated in place) to the last layer's (hidden, residual), whose sum
+        is ``forward``'s result."""
+        residual = None
         last = len(self.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             rows = out_rows if i == last else None
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta, rows)
         assert residual is not None  # config.json names at least one layer
-        return residual + hidden
+        return hidden, residual
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden)).float()

@@ -42,7 +42,9 @@ def rms_norm(
     out = torch.empty_like(x)
     n = x.shape[-1]
     isa = _isa(isa)
-    status = lib.add_rms_norm(
+    cpu_library.run(
+        "add_rms_norm",
+        isa,
         x.data_ptr(),
         None if residual is None else residual.data_ptr(),
         weight.data_ptr(),
@@ -54,7 +56,6 @@ def rms_norm(
         torch.get_num_threads(),
         cpu_library.ISAS[isa],
     )
-    cpu_library.check(status, "add_rms_norm", isa)
     return out
 
 
@@ -66,7 +67,9 @@ def silu_and_mul(gate_up: torch.Tensor, isa: str | None = None) -> torch.Tensor:
     n = gate_up.shape[-1] // 2
     out = gate_up.new_empty((*gate_up.shape[:-1], n))
     isa = _isa(isa)
-    status = lib.silu_and_mul(
+    cpu_library.run(
+        "silu_and_mul",
+        isa,
         gate_up.data_ptr(),
         out.data_ptr(),
         gate_up.numel() // (2 * n),
@@ -75,7 +78,6 @@ def silu_and_mul(gate_up: torch.Tensor, isa: str | None = None) -> torch.Tensor:
         torch.get_num_threads(),
         cpu_library.ISAS[isa],
     )
-    cpu_library.check(status, "silu_and_mul", isa)
     return out
 
 
@@ -103,7 +105,9 @@ def rope(
     ):
         return rope_reference(positions, q, k, cos_sin)
     isa = _isa(isa)
-    status = lib.rope(
+    cpu_library.run(
+        "rope",
+        isa,
         q.data_ptr(),
         k.data_ptr(),
         positions.data_ptr(),
@@ -119,7 +123,6 @@ def rope(
         torch.get_num_threads(),
         cpu_library.ISAS[isa],
     )
-    cpu_library.check(status, "rope", isa)
     return q, k
 
 

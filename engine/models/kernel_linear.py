@@ -33,9 +33,9 @@ class KernelLinear(nn.Module):
         if rows.stride(1) != 1:
             rows = rows.contiguous()
         out = torch.empty(rows.shape[0], self.out_features, dtype=self.out_dtype)
-        lib = cpu_library.load()
-        assert lib is not None
-        status = getattr(lib, self.kernel)(
+        cpu_library.run(
+            self.kernel,
+            self.isa,
             rows.data_ptr(),
             self.panels.data_ptr(),
             None if self.kernel_bias is None else self.kernel_bias.data_ptr(),
@@ -47,5 +47,4 @@ class KernelLinear(nn.Module):
             torch.get_num_threads(),
             *self.kernel_args(),
         )
-        cpu_library.check(status, self.kernel, self.isa)
         return out.view(*x.shape[:-1], self.out_features)
