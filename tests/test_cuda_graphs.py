@@ -122,6 +122,9 @@ def test_padded_static_batch_computes_the_same_rows(decoding_engine):
             assert torch.equal(after[others], before[others])
 
 
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA synchronisations")
 def test_a_decode_step_syncs_once(decoding_engine):
     """Only reading the sampled ids waits for the device: inputs go up through pinned
@@ -139,4 +142,6 @@ def test_a_decode_step_syncs_once(decoding_engine):
             decoding_engine.step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1
+    # torch also warns, once per process, that the debug mode is a prototype: not counted
+    syncs = [w for w in caught if str(w.message).startswith(SYNC_WARNING)]
+    assert len(syncs) == 1

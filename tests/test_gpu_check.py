@@ -66,6 +66,13 @@ def test_workload_is_seeded_and_in_range():
     assert all(2 <= t < 128256 for p in workload.prompts for t in p)
 
 
+def test_leading_agreement():
+    ours = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    theirs = [[1, 2, 9], [4, 5], [0, 7, 8, 9]]
+    assert gpu_check.leading_agreement(ours, theirs) == pytest.approx((2 / 3 + 1 + 0) / 3)
+    assert gpu_check.leading_agreement([[1, 2]], [[1, 2, 3, 4]]) == 0.5
+
+
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("gpu-check-tiny")
@@ -113,3 +120,4 @@ def test_end_to_end_runners_give_greedy_outputs(engine, tiny_checkpoint):
         expected = hf_greedy(path, prompt, n)
         assert_greedy_match(path, prompt, expected, a)
         assert_greedy_match(path, prompt, expected, b)
+    assert gpu_check.leading_agreement(ours, theirs) == 1.0

@@ -43,6 +43,11 @@ CPU_PATHS = [
 BACKENDS = [pytest.param(TritonAttention, id="triton"), *CPU_PATHS]
 
 
+def device_of(backend: type) -> torch.device:
+    """Where a backend's test batch lives: the CPU kernel's on the CPU, also where CUDA is."""
+    return DEVICE if backend is TritonAttention else torch.device("cpu")
+
+
 @pytest.fixture
 def seed() -> int:
     seed = int(os.environ.get("KVSERVE_TEST_SEED", secrets.randbits(32)))
@@ -73,6 +78,7 @@ def make_batch(
     dtype: torch.dtype,
     block_size: int = 16,
     shared: dict[int, tuple[int, int]] | None = None,
+    device: torch.device = DEVICE,
 ) -> Batch:
     """Blocks are drawn in random order from a pool with spares, so block tables are not
     contiguous; ``shared[i] = (j, n)`` gives sequence ``i`` the first ``n`` blocks of
@@ -101,25 +107,25 @@ def make_batch(
     for q in query_lens:
         starts.append(starts[-1] + q)
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
-        block_tables=tables.to(DEVICE),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=tables.to(device),
         query_lens_host=list(query_lens),
         seq_lens_host=list(seq_lens),
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
     )
     cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    key_cache, value_cache = (torch.randn(cache_shape).to(DEVICE, dtype) for _ in range(2))
+    key_cache, value_cache = (torch.randn(cache_shape).to(device, dtype) for _ in range(2))
     key_cache[poison_block] = POISON
     value_cache[poison_block] = POISON
     num_tokens = starts[-1]
     return Batch(
         meta=meta,
-        query=torch.randn(num_tokens, num_heads, head_dim).to(DEVICE, dtype),
-        key=torch.randn(num_tokens, num_kv_heads, head_dim).to(DEVICE, dtype),
-        value=torch.randn(num_tokens, num_kv_heads, head_dim).to(DEVICE, dtype),
+        query=torch.randn(num_tokens, num_heads, head_dim).to(device, dtype),
+        key=torch.randn(num_tokens, num_kv_heads, head_dim).to(device, dtype),
+        value=torch.randn(num_tokens, num_kv_heads, head_dim).to(device, dtype),
         key_cache=key_cache,
         value_cache=value_cache,
     )
@@ -167,6 +173,7 @@ def test_mixed_batch_matches_torch(seed, gqa, head_dim, dtype, backend):
         head_dim=head_dim,
         dtype=dtype,
         shared=MIXED_SHARED,
+        device=device_of(backend),
     )
     check_attention(batch, seed, backend)
 
@@ -199,6 +206,7 @@ def test_decode_batch_matches_torch(seed, gqa, dtype, backend):
         head_dim=64,
         dtype=dtype,
         shared={3: (2, 3), 4: (2, 5), 5: (2, 8)},
+        device=device_of(backend),
     )
     check_attention(batch, seed, backend)
 
@@ -209,7 +217,13 @@ def test_cpu_decode_reads_the_queries_in_place_in_the_qkv_rows(seed, dtype, back
     """Queries as the fused qkv projection leaves them (each row's q, k and v side by side,
     so rows are strided): the same output as from a contiguous copy, bit for bit."""
     batch = make_batch(
-        [1] * 5, [1, 17, 130, 64, 200], num_heads=8, num_kv_heads=4, head_dim=64, dtype=dtype
+        [1] * 5,
+        [1, 17, 130, 64, 200],
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=64,
+        dtype=dtype,
+        device=device_of(backend),
     )
     tokens, heads, head_dim = batch.query.shape
     qkv = torch.randn(tokens, (heads + 2 * 4) * head_dim).to(dtype)
@@ -239,6 +253,7 @@ def test_cpu_decode_splits_the_contexts_of_few_sequences_across_threads(seed, gq
         num_kv_heads=6 // gqa,
         head_dim=64,
         dtype=dtype,
+        device=device_of(backend),
     )
     for n in (1, 2, 3, 4):
         with num_threads(n):
@@ -249,7 +264,15 @@ def test_cpu_decode_splits_the_contexts_of_few_sequences_across_threads(seed, gq
 def test_cpu_decode_caps_the_ranges_of_one_context(seed, backend):
     """On 32 threads a 9,000-token context would split into 71 ranges of 128 tokens; it
     takes 64 (the most the merge holds), of ~141 tokens each."""
-    batch = make_batch([1], [9000], num_heads=2, num_kv_heads=1, head_dim=16, dtype=torch.float32)
+    batch = make_batch(
+        [1],
+        [9000],
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        dtype=torch.float32,
+        device=device_of(backend),
+    )
     with num_threads(32):
         check_attention(batch, seed, backend)
 
@@ -270,6 +293,7 @@ def test_cpu_prefill_items_of_every_lane_count_match_torch(seed, group, backend)
         num_kv_heads=2,
         head_dim=32,
         dtype=torch.float32,
+        device=device_of(backend),
     )
     check_attention(batch, seed, backend)
 
@@ -288,6 +312,7 @@ def test_cpu_prefill_of_long_chunks_on_several_threads_matches_torch(seed, dtype
         head_dim=64,
         dtype=dtype,
         shared={2: (0, 5)},
+        device=device_of(backend),
     )
     for n in (2, 3):
         with num_threads(n):
@@ -311,6 +336,7 @@ def test_cpu_prefill_with_scores_rising_by_hundreds_matches_torch(seed, backend)
         num_kv_heads=2,
         head_dim=64,
         dtype=torch.float32,
+        device=device_of(backend),
     )
     block_size = batch.key_cache.shape[1]
     batch.query[..., 0] = 8.0  # times key[..., 0] times scale 1/8: the key's value of it
@@ -349,6 +375,7 @@ def test_uncommon_shapes_match_torch(
         dtype=dtype,
         block_size=block_size,
         shared={2: (0, 30 // block_size)},
+        device=device_of(backend),
     )
     check_attention(batch, seed, backend)
 
