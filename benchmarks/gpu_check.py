@@ -18,6 +18,7 @@ Needs a CUDA device. Steps, each recorded in the JSON written to --out:
 
 import argparse
 import gc
+import itertools
 import json
 import random
 import statistics
@@ -258,11 +259,15 @@ def leading_agreement(outputs: list[list[int]], reference: list[list[int]]) -> f
     """The mean share of each reference output that ``outputs`` repeats before the first
     token they differ in. Random weights leave near-ties in the logits, so greedy outputs
     in bf16 part within a long output; this says how far they agree first."""
-    shares = []
-    for ours, theirs in zip(outputs, reference, strict=True):
-        same = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
-        shares.append((min(len(ours), len(theirs)) if same is None else same) / len(theirs))
-    return statistics.mean(shares)
+
+    def agreeing(ours: list[int], theirs: list[int]) -> int:
+        pairs = zip(ours, theirs, strict=False)
+        return sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
+
+    return statistics.mean(
+        agreeing(ours, theirs) / len(theirs)
+        for ours, theirs in zip(outputs, reference, strict=True)
+    )
 
 
 def run_kvserve(engine, workload: Workload) -> tuple[list[list[int]], float]:
@@ -353,10 +358,15 @@ def main(argv: list[str] | None = None) -> int:
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     import triton
 
-    versions = {"torch": torch.__version__, "triton": triton.__version__}
-    versions["transformers"] = transformers.__version__
-    report: dict = {"device": torch.cuda.get_device_name(device), "versions": versions}
-    report["args"] = settings
+    report: dict = {
+        "device": torch.cuda.get_device_name(device),
+        "versions": {
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "transformers": transformers.__version__,
+        },
+        "args": settings,
+    }
     if not args.skip_tests:
         report["kernel_tests"] = run_kernel_tests()
         print(report["kernel_tests"]["tail"])
