@@ -5,15 +5,20 @@
 Needs a CUDA device. Steps, each recorded in the JSON written to --out:
 1. The kernel, CUDA-graph, KV-sizing and device-copy tests (KERNEL_TESTS) on the GPU:
    compiled kernels, not the interpreter; graphs captured; syncs per decode step counted.
-2. The device's copy bandwidth and bf16 matmul rate, measured here.
+2. The device's copy bandwidth and bf16 matmul rate, measured here; decode attention with
+   and without its keys split, and each fused elementwise kernel against the torch ops
+   it replaces, at Llama-3-8B's shapes, each replayed from a CUDA graph.
 3. A random-weight checkpoint of Llama-3-8B's shape (bf16) written to --workdir.
 4. kvserve on it: (a) decode step time at each --batches size against the floor
    (weights + KV bytes read) / copy bandwidth, and device syncs per decode step;
+   torch's profiler over a few decode steps at each --profile-batches size (host and
+   device time per step, the top operations and kernels);
    (b) prefill throughput against 2 * matmul params * tokens / matmul rate;
    (c) end-to-end output tokens/s on --requests requests, prompt and output lengths
    uniform in [--min-len, --max-len], greedy, EOS ignored.
 5. transformers' continuous batching (the engine behind ``generate_batch``) on the same
-   checkpoint and workload, in this run.
+   checkpoint and workload, in this run; where the two greedy outputs part, the
+   checkpoint in fp32 judges both tokens (``partings``).
 """
 
 import argparse
@@ -28,7 +33,9 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -190,14 +197,15 @@ def _drain(engine) -> dict[str, list[int]]:
     return outputs
 
 
-def measure_decode(engine, batch: int, prompt_len: int, steps: int, seed: int) -> dict:
-    """Median ``engine.step()`` time of ``batch`` requests all decoding, and the mean
-    number of context tokens a timed step reads."""
+@contextmanager
+def decoding(engine, batch: int, prompt_len: int, max_steps: int, seed: int):
+    """``batch`` greedy requests of random ``prompt_len``-token prompts, prefilled, so that
+    each following step is a decode step (for up to ``max_steps``); aborted on exit."""
     from kvserve import SamplingParams
 
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
-    params = SamplingParams(temperature=0, max_tokens=prompt_len + steps, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=prompt_len + max_steps, ignore_eos=True)
     requests = [
         engine.add_request(
             f"decode-{batch}-{i}", [rng.randrange(2, vocab) for _ in range(prompt_len)], params
@@ -206,15 +214,56 @@ def measure_decode(engine, batch: int, prompt_len: int, steps: int, seed: int) -
     ]
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in requests):
         engine.step()
+    try:
+        yield requests
+    finally:
+        for request in requests:
+            engine.abort_request(request.request_id)
+
+
+def measure_decode(engine, batch: int, prompt_len: int, steps: int, seed: int) -> dict:
+    """Median ``engine.step()`` time of ``batch`` requests all decoding, and the mean
+    number of context tokens a timed step reads."""
     times, contexts = [], []
-    for _ in range(steps):
-        contexts.append(sum(r.num_tokens for r in requests))
-        start = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - start)
-    for request in requests:
-        engine.abort_request(request.request_id)
+    with decoding(engine, batch, prompt_len, steps, seed) as requests:
+        for _ in range(steps):
+            contexts.append(sum(r.num_tokens for r in requests))
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - start)
     return {"step_ms": statistics.median(times) * 1e3, "context_tokens": statistics.mean(contexts)}
+
+
+def profile_decode(engine, batch: int, prompt_len: int, steps: int, seed: int) -> dict:
+    """Where a decode step's time goes, from torch's profiler over ``steps`` decode steps:
+    the wall time per step, the device's busy time per step (every kernel and copy), and
+    the operations and kernels with the most self time, host and device, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with decoding(engine, batch, prompt_len, steps + 1, seed):
+        engine.step()  # the first decode step of this batch size outside the profile
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            for _ in range(steps):
+                engine.step()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+    averages = prof.key_averages()
+
+    def top(attribute: str) -> list[tuple[str, float]]:
+        ranked = sorted(averages, key=lambda e: getattr(e, attribute), reverse=True)
+        return [(e.key, getattr(e, attribute) / 1e3 / steps) for e in ranked[:15]]
+
+    return {
+        "step_ms": wall * 1e3 / steps,
+        "device_busy_ms": sum(e.self_device_time_total for e in averages) / 1e3 / steps,
+        "top_host_ms": top("self_cpu_time_total"),
+        "top_device_ms": top("self_device_time_total"),
+    }
 
 
 def count_decode_syncs(engine, batch: int, steps: int) -> float:
@@ -255,19 +304,171 @@ def measure_prefill(engine, num: int, length: int, seed: int) -> float:
     return num * length / (time.perf_counter() - start)
 
 
+def agreeing_prefix(ours: list[int], theirs: list[int]) -> int:
+    """How many tokens two outputs share before the first one they differ in."""
+    pairs = zip(ours, theirs, strict=False)
+    return sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
+
+
+def graph_us(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> float:
+    """Median microseconds per call of ``fn``, replayed from a CUDA graph of ``calls`` calls
+    (as a decode step runs its kernels: no launch gaps from the host)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def decode_attention_batch(config: LlamaConfig, batch: int, context: int, device) -> tuple:
+    """A decode batch of ``batch`` sequences of ``context`` tokens over a random bf16 cache
+    of 16-token blocks in shuffled order: (query, key cache, value cache, metadata)."""
+    from kvserve.engine.attention.metadata import AttentionMetadata
+
+    head_dim = config.hidden_size // config.num_attention_heads
+    per_seq = -(-context // 16)
+    tables = torch.randperm(batch * per_seq, device=device).view(batch, per_seq).int()
+    shape = (batch * per_seq, 16, config.num_key_value_heads, head_dim)
+    caches = [torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(2)]
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(batch, dtype=torch.long, device=device),
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
+        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
+        block_tables=tables,
+        query_lens_host=[1] * batch,
+        seq_lens_host=[context] * batch,
+        max_query_len=1,
+        max_seq_len=context,
+    )
+    query = torch.randn(
+        batch, config.num_attention_heads, head_dim, device=device, dtype=torch.bfloat16
+    )
+    return query, *caches, meta
+
+
+def measure_kernels(config: LlamaConfig, device, bandwidth_gbs: float) -> dict:
+    """Side by side in this run, each replayed from a CUDA graph: decode attention with
+    the keys split as the launch picks vs unsplit (and the KV read floor), and each fused
+    elementwise kernel vs the torch expressions it replaces, at batch 1 and 64."""
+    from kvserve.engine.attention.triton_backend import attention_launch, paged_attention
+    from kvserve.engine.models import fused_ops, triton_fused
+    from kvserve.engine.models.model_config import RopeConfig
+    from kvserve.engine.models.rope import RotaryEmbedding
+
+    found: dict = {"attention": {}, "elementwise": {}}
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = config.hidden_size // heads
+    for batch, context in ((1, 528), (1, 4096), (16, 528), (64, 528)):
+        query, key_cache, value_cache, meta = decode_attention_batch(config, batch, context, device)
+        launch = attention_launch(batch, heads, kv_heads, head_dim, 1)
+        times = {
+            splits: graph_us(
+                partial(
+                    paged_attention,
+                    replace(launch, num_splits=splits),
+                    query,
+                    key_cache,
+                    value_cache,
+                    meta,
+                    0.1,
+                )
+            )
+            for splits in sorted({1, launch.num_splits})
+        }
+        kv_bytes = 2 * batch * context * kv_heads * head_dim * 2
+        found["attention"][f"{batch}x{context}"] = {
+            "splits": launch.num_splits,
+            "us_by_splits": times,
+            "floor_us": kv_bytes / (bandwidth_gbs * 1e3),
+        }
+    rotary = RotaryEmbedding(RopeConfig(theta=LLAMA3_8B["rope_theta"]), head_dim, 8192)
+    rotary.build(torch.bfloat16, device)
+    for batch in (1, 64):
+        bf16 = dict(device=device, dtype=torch.bfloat16)
+        x = torch.randn(batch, config.hidden_size, **bf16)
+        residual = torch.randn(batch, config.hidden_size, **bf16)
+        weight = torch.randn(config.hidden_size, **bf16)
+        gate_up = torch.randn(batch, 2 * config.intermediate_size, **bf16)
+        qkv = torch.randn(batch, (heads + 2 * kv_heads) * head_dim, **bf16)
+        q = qkv[:, : heads * head_dim].view(batch, heads, head_dim)
+        k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(batch, kv_heads, head_dim)
+        positions = torch.arange(batch, device=device) + 500
+        pairs = {
+            "add_rms_norm": (
+                fused_ops.rms_norm_reference,
+                triton_fused.rms_norm,
+                (x, weight, 1e-5, residual),
+            ),
+            "silu_and_mul": (
+                fused_ops.silu_and_mul_reference,
+                triton_fused.silu_and_mul,
+                (gate_up,),
+            ),
+            "rope": (
+                fused_ops.rope_reference,
+                triton_fused.rope,
+                (positions, q, k, rotary.cos_sin),
+            ),
+        }
+        found["elementwise"][batch] = {
+            name: {
+                "torch_us": graph_us(partial(torch_fn, *args)),
+                "triton_us": graph_us(partial(triton_fn, *args)),
+            }
+            for name, (torch_fn, triton_fn, args) in pairs.items()
+        }
+    return found
+
+
 def leading_agreement(outputs: list[list[int]], reference: list[list[int]]) -> float:
     """The mean share of each reference output that ``outputs`` repeats before the first
     token they differ in. Random weights leave near-ties in the logits, so greedy outputs
     in bf16 part within a long output; this says how far they agree first."""
-
-    def agreeing(ours: list[int], theirs: list[int]) -> int:
-        pairs = zip(ours, theirs, strict=False)
-        return sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
-
     return statistics.mean(
-        agreeing(ours, theirs) / len(theirs)
+        agreeing_prefix(ours, theirs) / len(theirs)
         for ours, theirs in zip(outputs, reference, strict=True)
     )
+
+
+@torch.inference_mode()
+def partings(model, workload: Workload, outputs, reference, limit: int) -> list[dict]:
+    """Where greedy ``outputs`` first part from ``reference`` (up to ``limit`` requests),
+    ``model`` (the judge: the checkpoint in fp32) ranks both tokens at that position.
+    Each entry: the position ``at``, each token's rank (1 is the judge's argmax), the
+    judge's logit of the reference token minus ours (``margin``), the gap between its
+    two largest logits, and the spread (std) of its logits. Margins far under the spread
+    mean the two engines chose between near-ties; a large one means one of them is wrong."""
+    found = []
+    for prompt, ours, theirs in zip(workload.prompts, outputs, reference, strict=True):
+        at = agreeing_prefix(ours, theirs)
+        if at == min(len(ours), len(theirs)):
+            continue
+        context = torch.tensor([prompt + theirs[:at]], device=model.device)
+        logits = model(context).logits[0, -1].float()
+        first, second = logits.topk(2).values.tolist()
+        found.append(
+            {
+                "at": at,
+                "ours_rank": int((logits > logits[ours[at]]).sum()) + 1,
+                "reference_rank": int((logits > logits[theirs[at]]).sum()) + 1,
+                "margin": float(logits[theirs[at]] - logits[ours[at]]),
+                "top2_gap": first - second,
+                "logit_std": float(logits.std()),
+            }
+        )
+        if len(found) == limit:
+            break
+    return found
 
 
 def run_kvserve(engine, workload: Workload) -> tuple[list[list[int]], float]:
@@ -335,6 +536,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--decode-prompt", type=int, default=512, help="prompt length when timing decode"
     )
     p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument(
+        "--profile-batches", type=int, nargs="*", default=[1, 64], help="decode batches to profile"
+    )
+    p.add_argument("--profile-steps", type=int, default=8)
+    p.add_argument(
+        "--partings", type=int, default=32, help="partings from transformers to judge in fp32"
+    )
     p.add_argument("--prefill-prompts", type=int, default=16)
     p.add_argument("--prefill-len", type=int, default=1024)
     p.add_argument("--requests", type=int, default=256)
@@ -399,6 +607,14 @@ def main(argv: list[str] | None = None) -> int:
         decode[batch] = result | {"floor_ms": floor, "floor_share": floor / result["step_ms"]}
         print(f"decode batch {batch}: {decode[batch]}")
     report["decode"] = decode
+    report["kernels"] = measure_kernels(config, device, report["copy_bandwidth_gbs"])
+    print(f"kernels: {json.dumps(report['kernels'])}")
+    report["decode_profile"] = {
+        batch: profile_decode(engine, batch, args.decode_prompt, args.profile_steps, args.seed)
+        for batch in args.profile_batches
+    }
+    for batch, found in report["decode_profile"].items():
+        print(f"decode profile, batch {batch}: {found}")
     report["syncs_per_decode_step"] = count_decode_syncs(engine, 8, 8)
     tokens_per_s = measure_prefill(engine, args.prefill_prompts, args.prefill_len, args.seed)
     floor = prefill_floor_tokens_per_s(facts, report["matmul_bf16_tflops"])
@@ -422,6 +638,13 @@ def main(argv: list[str] | None = None) -> int:
         same = sum(a == b for a, b in zip(outputs, hf_outputs, strict=True))
         report["e2e"]["identical_outputs"] = same / len(outputs)
         report["e2e"]["leading_agreement"] = leading_agreement(outputs, hf_outputs)
+        judged = partings(model.float(), workload, outputs, hf_outputs, args.partings)
+        report["e2e"]["partings"] = judged
+        if judged:
+            report["e2e"]["partings_median"] = {
+                key: statistics.median(p[key] for p in judged)
+                for key in ("at", "ours_rank", "reference_rank", "margin", "top2_gap", "logit_std")
+            }
     print(f"end to end: {report['e2e']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

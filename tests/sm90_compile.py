@@ -3,8 +3,8 @@ assembler's register and spill counts.
 
     python tests/sm90_compile.py < JOBS.json   → one JSON report per job on stdout
 
-A job is ``{"kernel": name in triton_kernels, "dtype": "bf16"|"fp16"|"fp32", "constants":
-{...}, "num_warps": n}``. It runs in a process of its own: Triton must not be in
+A job is ``{"kernel": name in triton_kernels or triton_fused, "dtype": "bf16"|"fp16"|"fp32",
+"constants": {...}, "num_warps": n}``. It runs in a process of its own: Triton must not be in
 interpreter mode, which the CPU test session turns on.
 """
 
@@ -19,6 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kvserve.engine.attention import triton_kernels
+from kvserve.engine.models import triton_fused
 
 HOPPER = GPUTarget("cuda", 90, 32)
 INDEX_POINTERS = {
@@ -26,12 +27,16 @@ INDEX_POINTERS = {
     "query_start_loc_ptr": "*i32",
     "seq_lens_ptr": "*i32",
     "slot_mapping_ptr": "*i64",
+    "positions_ptr": "*i64",
+    "split_acc_ptr": "*fp32",
+    "split_max_ptr": "*fp32",
+    "split_sum_ptr": "*fp32",
 }
 
 
 def report(kernel: str, dtype: str, constants: dict, num_warps: int) -> dict[str, int]:
-    """Tensors in ``dtype``, int32 strides and sizes, fp32 scale."""
-    fn = getattr(triton_kernels, kernel)
+    """Tensors in ``dtype``, int32 strides and sizes, fp32 scale and eps."""
+    fn = getattr(triton_kernels, kernel, None) or getattr(triton_fused, kernel)
     signature = {}
     for name in fn.arg_names:
         if name in constants:
@@ -39,7 +44,7 @@ def report(kernel: str, dtype: str, constants: dict, num_warps: int) -> dict[str
         elif name.endswith("_ptr"):
             signature[name] = INDEX_POINTERS.get(name, f"*{dtype}")
         else:
-            signature[name] = "fp32" if name == "scale" else "i32"
+            signature[name] = "fp32" if name in ("scale", "eps") else "i32"
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
         source = ASTSource(fn, signature, constexprs=constants)

@@ -121,3 +121,61 @@ def test_end_to_end_runners_give_greedy_outputs(engine, tiny_checkpoint):
         assert_greedy_match(path, prompt, expected, a)
         assert_greedy_match(path, prompt, expected, b)
     assert gpu_check.leading_agreement(ours, theirs) == 1.0
+
+
+def test_profile_decode(engine):
+    found = gpu_check.profile_decode(engine, batch=2, prompt_len=8, steps=3, seed=0)
+    assert not engine.has_unfinished_requests()
+    assert found["step_ms"] > 0
+    host = dict(found["top_host_ms"])
+    assert len(host) == 15 and all(ms >= 0 for ms in host.values())
+    assert any(name.startswith("aten::") for name in host)
+    if not torch.cuda.is_available():
+        assert found["device_busy_ms"] == 0
+
+
+def test_partings_judged_in_fp32(tiny_checkpoint):
+    """A greedy output and one changed at its third token part there: the fp32 judge ranks
+    the greedy token first, the changed one lower, by the logits' own difference."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    workload = gpu_check.Workload.random(2, 4, 8, TINY["vocab_size"], seed=2)
+    reference = [hf_greedy(str(tiny_checkpoint), p, 6) for p in workload.prompts]
+    first = reference[0]
+    changed = [[*first[:2], (first[2] + 1) % TINY["vocab_size"], *first[3:]]]
+    found = gpu_check.partings(model, workload, changed + reference[1:], reference, limit=5)
+    assert len(found) == 1
+    (parting,) = found
+    assert parting["at"] == 2 and parting["reference_rank"] == 1 and parting["ours_rank"] > 1
+    with torch.inference_mode():
+        context = torch.tensor([workload.prompts[0] + reference[0][:2]])
+        logits = model(context).logits[0, -1]
+    expected = logits[first[2]] - logits[changed[0][2]]
+    assert parting["margin"] == pytest.approx(float(expected))
+    assert parting["margin"] > 0 and parting["top2_gap"] >= 0
+    assert gpu_check.partings(model, workload, reference, reference, limit=5) == []
+
+
+def test_kernel_comparisons_run_their_kernels(monkeypatch):
+    """measure_kernels (on the CPU where no GPU is), each call run once in place of the
+    CUDA-graph timing: every attention shape and elementwise pair is called with arguments
+    its kernels take."""
+    called = []
+
+    def run_once(fn):
+        called.append(fn.func.__name__)
+        fn()
+        return 1.0
+
+    monkeypatch.setattr(gpu_check, "graph_us", run_once)
+    config = gpu_check.llama3_8b_config(**TINY)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    found = gpu_check.measure_kernels(config, device, bandwidth_gbs=1.0)
+    assert set(found["attention"]) == {"1x528", "1x4096", "16x528", "64x528"}
+    # 2 kv heads: 1 sequence splits 32 ways, 16 sequences 16 ways, 64 sequences 4 ways
+    assert [a["splits"] for a in found["attention"].values()] == [32, 32, 16, 4]
+    assert found["attention"]["1x528"]["floor_us"] == 2 * 528 * 2 * 16 * 2 / 1e3
+    assert called.count("paged_attention") == 8
+    assert sorted(found["elementwise"][64]) == ["add_rms_norm", "rope", "silu_and_mul"]
+    assert called.count("rms_norm") == called.count("rms_norm_reference") == 2

@@ -5,6 +5,7 @@ it on before anything imports them); on a CUDA machine the same tests run them c
 A failing case prints its seed; ``KVSERVE_TEST_SEED=<seed>`` replays it.
 """
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -25,6 +26,7 @@ from kvserve.engine.attention.torch_backend import TorchAttention
 from kvserve.engine.attention.triton_backend import (
     TritonAttention,
     attention_launch,
+    paged_attention,
 )
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import EngineConfig
@@ -431,9 +433,40 @@ def test_launch_is_valid_on_a_gpu(num_heads, num_kv_heads, head_dim, max_query_l
     assert min(launch.block_m, launch.block_n, launch.head_pad) >= 16
     assert launch.head_pad >= head_dim
     assert launch.group_pad >= launch.group == num_heads // num_kv_heads
-    assert launch.grid[:2] == (5, num_kv_heads)
-    assert (launch.grid[2] - 1) * launch.block_q < max_query_len <= launch.grid[2] * launch.block_q
+    assert launch.grid == (5, num_kv_heads, launch.q_tiles * launch.num_splits)
+    assert (launch.q_tiles - 1) * launch.block_q < max_query_len <= launch.q_tiles * launch.block_q
     assert launch.block_m == (16 if max_query_len == 1 else 64) or launch.block_q == 1
+    assert launch.num_splits & (launch.num_splits - 1) == 0
+    assert launch.num_splits == 1 or max_query_len == 1
+
+
+@pytest.mark.parametrize(
+    ("num_seqs", "max_query_len", "splits"),
+    [(1, 1, 32), (2, 1, 32), (4, 1, 16), (16, 1, 4), (24, 1, 2), (63, 1, 1), (64, 1, 1), (1, 7, 1)],
+)
+def test_decode_launch_splits_the_keys_of_small_batches(num_seqs, max_query_len, splits):
+    """Llama-3-8B's heads (32 query, 8 kv): a decode batch of fewer than 64 sequences fills
+    about 512 programs with a power of two of key ranges each, at most 32; prefill never."""
+    launch = attention_launch(num_seqs, 32, 8, 128, max_query_len)
+    assert launch.num_splits == splits
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4, 32])
+def test_every_number_of_key_splits_gives_the_same_attention(seed, splits):
+    """One decode batch (contexts from 1 token to many key tiles, so some ranges are empty)
+    through launches with each number of splits: all match the torch path."""
+    batch = make_batch(
+        [1] * 4, [1, 33, 300, 1000], num_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.float32
+    )
+    TorchAttention().store_kv(
+        batch.key, batch.value, batch.key_cache, batch.value_cache, batch.meta.slot_mapping
+    )
+    launch = dataclasses.replace(attention_launch(4, 8, 2, 64, 1), num_splits=splits)
+    out = paged_attention(launch, batch.query, batch.key_cache, batch.value_cache, batch.meta, 0.1)
+    expected = TorchAttention().attend(
+        batch.query, batch.key_cache, batch.value_cache, batch.meta, 0.1
+    )
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_launch_rejects_uneven_gqa():

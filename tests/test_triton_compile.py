@@ -11,12 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvserve.engine.attention.triton_backend import attention_launch, store_kv_constants
+from kvserve.engine.attention.triton_backend import (
+    MAX_SPLITS,
+    attention_launch,
+    store_kv_constants,
+)
+from kvserve.engine.models.triton_fused import SILU_BLOCK
 
 DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 SHAPES = {  # num_heads, num_kv_heads, head_dim
     "llama3-8b": (32, 8, 128),
     "qwen2-0.5b": (14, 2, 64),
+}
+FUSED = {  # the elementwise kernels at Llama-3-8B's shapes, as triton_fused launches them
+    "rms_norm_kernel": (dict(HAS_RESIDUAL=True, BLOCK=4096), 8),
+    "silu_and_mul_kernel": (dict(BLOCK=SILU_BLOCK), 4),
+    "rope_kernel": (dict(Q_HEADS_PAD=32, K_HEADS_PAD=8, HALF=64, HALF_PAD=64), 4),
 }
 CASES = [
     (model, dtype, phase)
@@ -49,6 +59,18 @@ def reports() -> dict:
             "num_warps": 4,
         }
     )
+    jobs += [
+        {"kernel": kernel, "dtype": "bf16", "constants": constants, "num_warps": warps}
+        for kernel, (constants, warps) in FUSED.items()
+    ]
+    jobs.append(
+        {
+            "kernel": "merge_splits_kernel",
+            "dtype": "bf16",
+            "constants": dict(NUM_SPLITS=MAX_SPLITS, HEAD_DIM=128, HEAD_PAD=128),
+            "num_warps": 4,
+        }
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("sm90_compile.py")
     done = subprocess.run(
@@ -60,7 +82,7 @@ def reports() -> dict:
         check=True,
     )
     results = json.loads(done.stdout)
-    return dict(zip([*CASES, "store_kv"], results, strict=True))
+    return dict(zip([*CASES, "store_kv", *FUSED, "merge_splits"], results, strict=True))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{DTYPES[c[1]]}-{c[2]}")
@@ -70,3 +92,13 @@ def test_attention_fits_in_registers(reports, case):
 
 def test_store_kv_fits_in_registers(reports):
     assert reports["store_kv"]["spill_stores"] == reports["store_kv"]["spill_loads"] == 0
+
+
+def test_merge_splits_fits_in_registers(reports):
+    merge = reports["merge_splits"]
+    assert merge["spill_stores"] == merge["spill_loads"] == 0, merge
+
+
+@pytest.mark.parametrize("kernel", FUSED)
+def test_fused_elementwise_kernels_fit_in_registers(reports, kernel):
+    assert reports[kernel]["spill_stores"] == reports[kernel]["spill_loads"] == 0, reports[kernel]

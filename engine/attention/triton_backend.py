@@ -7,11 +7,17 @@ import triton
 
 from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.attention.metadata import AttentionMetadata
-from kvserve.engine.attention.triton_kernels import paged_attention_kernel, store_kv_kernel
+from kvserve.engine.attention.triton_kernels import (
+    merge_splits_kernel,
+    paged_attention_kernel,
+    store_kv_kernel,
+)
 
 MIN_DOT = 16  # tl.dot needs every dimension >= 16 on a GPU
 PREFILL_BLOCK_M = 64
 BLOCK_N = 32
+DECODE_PROGRAMS = 512  # about four per SM on an H100/H200 (132 SMs)
+MAX_SPLITS = 32
 
 
 @dataclass(frozen=True)
@@ -27,11 +33,18 @@ class AttentionLaunch:
     block_q: int
     block_n: int
     num_warps: int
-    grid: tuple[int, int, int]
+    num_seqs: int
+    num_kv_heads: int
+    q_tiles: int
+    num_splits: int
 
     @property
     def block_m(self) -> int:
         return self.block_q * self.group_pad
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.num_seqs, self.num_kv_heads, self.q_tiles * self.num_splits)
 
     def constants(self, block_size: int, dtype: torch.dtype) -> dict[str, int | str]:
         """The kernel's compile-time arguments for caches of ``block_size`` in ``dtype``."""
@@ -43,6 +56,7 @@ class AttentionLaunch:
             HEAD_PAD=self.head_pad,
             BLOCK_Q=self.block_q,
             BLOCK_N=self.block_n,
+            NUM_SPLITS=self.num_splits,
             DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
         )
 
@@ -53,8 +67,10 @@ def attention_launch(
     """Decode-only batches (``max_query_len == 1``) get the smallest row tile, 16 rows,
     filled with the GQA group; batches with prefill chunks get 64 rows, several tokens each.
     Key tiles of 32 and 8 warps for the larger tiles keep every supported shape within the
-    registers on sm_90 (tests/test_triton_compile.py). Depends on host integers only, so a
-    decode launch has a fixed grid for a CUDA graph."""
+    registers on sm_90 (tests/test_triton_compile.py). A decode batch of fewer than
+    ``DECODE_PROGRAMS`` (sequence, kv head) pairs splits each context into a power of two
+    of key ranges, up to ``MAX_SPLITS``, so that about that many programs share the work.
+    Depends on host integers only, so a decode launch has a fixed grid for a CUDA graph."""
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     group = num_heads // num_kv_heads
@@ -63,8 +79,21 @@ def attention_launch(
     block_q = block_m // group_pad
     head_pad = max(MIN_DOT, triton.next_power_of_2(head_dim))
     num_warps = 8 if head_pad >= 128 or block_m >= PREFILL_BLOCK_M else 4
-    grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
-    return AttentionLaunch(group, group_pad, head_dim, head_pad, block_q, BLOCK_N, num_warps, grid)
+    pairs = num_seqs * num_kv_heads
+    splits = 1 if max_query_len > 1 else min(MAX_SPLITS, max(1, DECODE_PROGRAMS // pairs))
+    return AttentionLaunch(
+        group=group,
+        group_pad=group_pad,
+        head_dim=head_dim,
+        head_pad=head_pad,
+        block_q=block_q,
+        block_n=BLOCK_N,
+        num_warps=num_warps,
+        num_seqs=num_seqs,
+        num_kv_heads=num_kv_heads,
+        q_tiles=triton.cdiv(max_query_len, block_q),
+        num_splits=1 << (splits.bit_length() - 1),
+    )
 
 
 def store_kv_constants(block_size: int, num_kv_heads: int, head_dim: int) -> dict[str, int]:
@@ -80,7 +109,8 @@ def store_kv_constants(block_size: int, num_kv_heads: int, head_dim: int) -> dic
 
 class TritonAttention(AttentionBackend):
     """One store kernel launch and one attention kernel launch per layer, whatever the mix
-    of prefill chunks and decode tokens; no host-device synchronisation."""
+    of prefill chunks and decode tokens (and a merge launch for a decode batch whose keys
+    are split); no host-device synchronisation."""
 
     name = "triton"
 
@@ -107,34 +137,69 @@ class TritonAttention(AttentionBackend):
 
     def attend(self, query, key_cache, value_cache, meta: AttentionMetadata, scale):
         num_heads, head_dim = query.shape[1:]
-        _check_caches(key_cache, value_cache)
-        if query.stride(-1) != 1 or meta.block_tables.stride(-1) != 1:
-            raise ValueError("query and block tables need a unit stride on their last dimension")
         launch = attention_launch(
             meta.num_seqs, num_heads, key_cache.shape[2], head_dim, meta.max_query_len
         )
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        paged_attention_kernel[launch.grid](
+        return paged_attention(launch, query, key_cache, value_cache, meta, scale)
+
+
+def paged_attention(
+    launch: AttentionLaunch,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """``paged_attention_kernel`` as ``launch`` says, then ``merge_splits_kernel`` if the
+    launch splits the keys; the split buffers are fp32, one row per query row and split."""
+    _check_caches(key_cache, value_cache)
+    if query.stride(-1) != 1 or meta.block_tables.stride(-1) != 1:
+        raise ValueError("query and block tables need a unit stride on their last dimension")
+    num_tokens, num_heads, head_dim = query.shape
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    splits = launch.num_splits
+    rows = (num_tokens, num_heads, splits) if splits > 1 else (1,)  # unread if one split
+    split_max, split_sum = (
+        torch.empty(rows, dtype=torch.float32, device=query.device) for _ in range(2)
+    )
+    split_acc = torch.empty((*rows, head_dim), dtype=torch.float32, device=query.device)
+    paged_attention_kernel[launch.grid](
+        out,
+        split_acc,
+        split_max,
+        split_sum,
+        query,
+        key_cache,
+        value_cache,
+        meta.block_tables,
+        meta.query_start_loc,
+        meta.seq_lens,
+        scale,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        meta.block_tables.stride(0),
+        **launch.constants(key_cache.shape[1], query.dtype),
+        num_warps=launch.num_warps,
+    )
+    if splits > 1:
+        merge_splits_kernel[(num_tokens, num_heads)](
             out,
-            query,
-            key_cache,
-            value_cache,
-            meta.block_tables,
-            meta.query_start_loc,
-            meta.seq_lens,
-            scale,
-            query.stride(0),
-            query.stride(1),
+            split_acc,
+            split_max,
+            split_sum,
             out.stride(0),
             out.stride(1),
-            key_cache.stride(0),
-            key_cache.stride(1),
-            key_cache.stride(2),
-            meta.block_tables.stride(0),
-            **launch.constants(key_cache.shape[1], query.dtype),
-            num_warps=launch.num_warps,
+            NUM_SPLITS=splits,
+            HEAD_DIM=head_dim,
+            HEAD_PAD=launch.head_pad,
         )
-        return out
+    return out
 
 
 def _check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:

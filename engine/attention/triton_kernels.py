@@ -57,6 +57,9 @@ def store_kv_kernel(
 @triton.jit
 def paged_attention_kernel(
     out_ptr,
+    split_acc_ptr,
+    split_max_ptr,
+    split_sum_ptr,
     query_ptr,
     key_cache_ptr,
     value_cache_ptr,
@@ -79,20 +82,30 @@ def paged_attention_kernel(
     HEAD_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Program ``(seq, kv_head, q_tile)`` attends ``BLOCK_Q`` query tokens of sequence
-    ``seq``, for all ``GROUP`` query heads sharing ``kv_head``, over the sequence's cache.
+    """Program ``(seq, kv_head, q_tile * NUM_SPLITS + split)`` attends ``BLOCK_Q`` query
+    tokens of sequence ``seq``, for all ``GROUP`` query heads sharing ``kv_head``, over
+    split ``split`` of the keys the tile sees.
 
     The tile's rows are (token, head-in-group) pairs, ``BLOCK_M = BLOCK_Q * GROUP_PAD`` of
     them, so one K/V tile load serves the whole GQA group. Query row ``j`` of a sequence
     sits at position ``seq_len - query_len + j`` and sees keys at positions ``<=`` its own;
-    the loop over keys stops at the tile's last position. Softmax is online, in base 2.
+    the keys run up to the tile's last position. Softmax is online, in base 2.
+
+    With ``NUM_SPLITS == 1`` the program writes the attention output. Otherwise the keys
+    are cut into ``NUM_SPLITS`` ranges of whole key tiles (the last ones may be empty) and
+    the program writes its range's unnormalised output, running max and sum for row
+    ``(token * num_heads + head) * NUM_SPLITS + split`` of the ``split_*`` buffers, which
+    ``merge_splits_kernel`` combines: many programs share one long context when a decode
+    batch alone would leave most of the GPU idle.
     """
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
-    q_tile = tl.program_id(2)
+    q_tile = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
     query_start = tl.load(query_start_loc_ptr + seq)
     query_len = tl.load(query_start_loc_ptr + seq + 1) - query_start
     if q_tile * BLOCK_Q >= query_len:
@@ -119,7 +132,10 @@ def paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
     block_table = block_tables_ptr + seq.to(tl.int64) * block_tables_stride
     kv_end = tl.minimum(seq_len, context_len + (q_tile + 1) * BLOCK_Q)
-    for start in range(0, kv_end, BLOCK_N):
+    span = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    kv_start = split * span
+    kv_end = tl.minimum(kv_end, kv_start + span)
+    for start in range(kv_start, kv_end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_valid = cols < kv_end
         blocks = tl.load(block_table + cols // BLOCK_SIZE, mask=col_valid, other=0).to(tl.int64)
@@ -148,10 +164,55 @@ def paged_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    acc = acc / tl.where(row_valid, l_i, 1.0)[:, None]
-    out_offsets = tokens[:, None] * out_stride_token + head[:, None] * out_stride_head
+    if NUM_SPLITS == 1:
+        acc = acc / tl.where(row_valid, l_i, 1.0)[:, None]
+        out_offsets = tokens[:, None] * out_stride_token + head[:, None] * out_stride_head
+        tl.store(
+            out_ptr + out_offsets + dims[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=q_mask,
+        )
+    else:
+        num_heads = tl.num_programs(1) * GROUP
+        split_rows = (tokens * num_heads + head) * NUM_SPLITS + split
+        tl.store(split_max_ptr + split_rows, m_i, mask=row_valid)
+        tl.store(split_sum_ptr + split_rows, l_i, mask=row_valid)
+        tl.store(split_acc_ptr + split_rows[:, None] * HEAD_DIM + dims[None, :], acc, mask=q_mask)
+
+
+@triton.jit
+def merge_splits_kernel(
+    out_ptr,
+    split_acc_ptr,
+    split_max_ptr,
+    split_sum_ptr,
+    out_stride_token,
+    out_stride_head,
+    NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+):
+    """Program ``(token, head)`` combines the ``NUM_SPLITS`` partial results that
+    ``paged_attention_kernel`` wrote for one query row: each split's output and sum are
+    rescaled from its own running max to the largest (an empty split has max -1e30 and
+    sum 0, so it weighs nothing), summed, and normalised once."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    first = (token * tl.num_programs(1) + head) * NUM_SPLITS
+    splits = tl.arange(0, NUM_SPLITS)
+    dims = tl.arange(0, HEAD_PAD)
+    dim_valid = dims < HEAD_DIM
+    maxes = tl.load(split_max_ptr + first + splits)
+    weights = tl.exp2(maxes - tl.max(maxes, 0))
+    total = tl.sum(tl.load(split_sum_ptr + first + splits) * weights, 0)
+    acc = tl.load(
+        split_acc_ptr + (first + splits)[:, None] * HEAD_DIM + dims[None, :],
+        mask=dim_valid[None, :],
+        other=0.0,
+    )
+    out = tl.sum(acc * weights[:, None], 0) / total
     tl.store(
-        out_ptr + out_offsets + dims[None, :],
-        acc.to(out_ptr.dtype.element_ty),
-        mask=q_mask,
+        out_ptr + token * out_stride_token + head * out_stride_head + dims,
+        out.to(out_ptr.dtype.element_ty),
+        mask=dim_valid,
     )

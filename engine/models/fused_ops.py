@@ -1,8 +1,9 @@
 """The decoder's elementwise ops: RMSNorm (with the residual add before it), SiLU-and-mul
-and RoPE. On a CPU each is one pass of the C kernels in ``csrc/cpu_fused.c``; elsewhere, or
-for a layout the kernels do not take, the torch expressions below run (the reference the
-kernels are tested against: float32 equal to rounding, bf16 within one unit in the last
-place). ``isa`` picks the kernels' SIMD path (default: the widest this CPU runs)."""
+and RoPE. On a CPU each is one pass of the C kernels in ``csrc/cpu_fused.c``; on a CUDA
+device one Triton kernel (``triton_fused``); elsewhere, or for a layout the kernels do not
+take, the torch expressions below run (the reference the kernels are tested against:
+float32 equal to rounding, bf16 within one unit in the last place). ``isa`` picks the C
+kernels' SIMD path (default: the widest this CPU runs)."""
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,29 @@ def _kernels(*tensors: torch.Tensor):
     return cpu_library.load()
 
 
+def _triton_fused():
+    """The Triton kernels, imported on first use: a process on a CPU never loads Triton."""
+    from kvserve.engine.models import triton_fused
+
+    return triton_fused
+
+
+def takes_rows(*tensors: torch.Tensor) -> bool:
+    """Layouts of the Triton kernels: 2-D tensors with a unit stride on the last dimension."""
+    return all(t.dim() == 2 and t.stride(1) == 1 for t in tensors)
+
+
+def takes_heads(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor) -> bool:
+    """The Triton ``rope``'s layouts: 3-D heads with a unit last stride, an even head_dim,
+    and a contiguous table."""
+    return (
+        q.dim() == k.dim() == 3
+        and q.stride(2) == k.stride(2) == 1
+        and q.shape[2] % 2 == 0
+        and cos_sin.is_contiguous()
+    )
+
+
 def _isa(isa: str | None) -> str:
     return isa or cpu_library.default_isa()
 
@@ -35,7 +59,10 @@ def rms_norm(
 ) -> torch.Tensor:
     """``weight * rmsnorm(residual + x)`` over the last dimension, where ``residual`` (if
     given) is updated in place to ``residual + x`` (in its dtype) first; else of ``x``."""
-    inputs = (x, weight) if residual is None else (x, weight, residual)
+    rows = (x,) if residual is None else (x, residual)
+    if x.is_cuda and weight.dtype == x.dtype and takes_rows(*rows):
+        return _triton_fused().rms_norm(x, weight, eps, residual)
+    inputs = (*rows, weight)
     lib = _kernels(*inputs)
     if lib is None or not all(t.is_contiguous() for t in inputs):
         return rms_norm_reference(x, weight, eps, residual)
@@ -61,6 +88,8 @@ def rms_norm(
 
 def silu_and_mul(gate_up: torch.Tensor, isa: str | None = None) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up = [gate | up]`` along the last dimension."""
+    if gate_up.is_cuda and takes_rows(gate_up):
+        return _triton_fused().silu_and_mul(gate_up)
     lib = _kernels(gate_up)
     if lib is None or not gate_up.is_contiguous():
         return silu_and_mul_reference(gate_up)
@@ -94,8 +123,10 @@ def rope(
     isa: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` and ``k`` ``[tokens, heads, head_dim]`` rotated by ``positions`` (half-split
-    layout) with ``cos_sin`` ``[2, max_positions, head_dim]``. The kernels rotate in place
-    and return the same tensors; the torch path returns new ones."""
+    layout) with ``cos_sin`` ``[2, max_positions, head_dim]``. The kernels (C and Triton)
+    rotate in place and return the same tensors; the torch path returns new ones."""
+    if q.is_cuda and takes_heads(q, k, cos_sin):
+        return _triton_fused().rope(positions, q, k, cos_sin)
     lib = _kernels(q, k, cos_sin)
     if (
         lib is None
