@@ -41,7 +41,7 @@ SIGNATURES = {
     "best_isa": [],
     "paged_decode": [_P] * 6 + [_L] + [_I] * 6 + [_F] + [_I] * 3,
     "paged_prefill": [_P] * 8 + [_I] * 6 + [_F] + [_I] * 3,
-    "add_rms_norm": [_P] * 4 + [_I] * 2 + [_F] + [_I] * 3,
+    "add_rms_norm": [_P] * 4 + [_I] * 3 + [_L, _F] + [_I] * 3,
     "silu_and_mul": [_P] * 2 + [_I] * 5,
     "rope": [_P] * 4 + [_I] * 4 + [_L] * 2 + [_I] * 4,
     "store_kv": [_P] * 5 + [_I] * 2 + [_L] * 2 + [_I] * 2,

@@ -57,6 +57,20 @@ def test_rms_norm_matches_torch(isa, dtype, with_residual, threads):
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_of_heads_in_strided_rows_matches_torch(isa, dtype, threads):
+    """Qwen3's per-head norm on q's view of a qkv row (5 heads of 32, rows 320 apart)."""
+    torch.manual_seed(6)
+    qkv = torch.randn(7, 320).to(dtype)
+    q = qkv[:, :160].view(7, 5, 32)
+    weight = (1 + 0.1 * torch.randn(32)).to(dtype)
+    before = qkv.clone()
+    got = fused_ops.rms_norm(q, weight, 1e-6, isa=isa)
+    assert got.is_contiguous() and torch.equal(qkv, before)
+    assert_close(got, fused_ops.rms_norm_reference(q, weight, 1e-6))
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width", [300, 2048], ids=["short-row", "rows-past-a-chunk"])
 def test_silu_and_mul_matches_torch(isa, dtype, width, threads):
     torch.manual_seed(1)

@@ -21,15 +21,21 @@
 #define ISA_BODY "cpu_fused_isa.h"
 #include "cpu_targets.h"
 
+/* Row r of x is row r % heads of token r / heads, whose rows of n lie one after another
+ * from x_token_stride * (r / heads) elements on (heads = 1, x_token_stride = n: plain rows;
+ * Qwen3's per-head norms: the heads of a token inside its qkv row). out and residual are
+ * plain rows. */
 int add_rms_norm(void *x, void *residual, const void *weight, void *out, int rows, int n,
-                 float eps, int is_bf16, int num_threads, int isa) {
+                 int heads, int64_t x_token_stride, float eps, int is_bf16, int num_threads,
+                 int isa) {
     if (!isa_usable(isa)) return -1;
     const int size = is_bf16 ? 2 : 4;
     void (*row)(void *, void *, const void *, void *, int, float, int) = PICK(rms_norm_row, isa);
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int r = 0; r < rows; r++) {
         const int64_t offset = (int64_t)r * n * size;
-        row((char *)x + offset, residual != NULL ? (char *)residual + offset : NULL, weight,
+        const int64_t x_offset = ((r / heads) * x_token_stride + (int64_t)(r % heads) * n) * size;
+        row((char *)x + x_offset, residual != NULL ? (char *)residual + offset : NULL, weight,
             (char *)out + offset, n, eps, is_bf16);
     }
     return 0;

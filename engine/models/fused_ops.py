@@ -58,16 +58,21 @@ def rms_norm(
     isa: str | None = None,
 ) -> torch.Tensor:
     """``weight * rmsnorm(residual + x)`` over the last dimension, where ``residual`` (if
-    given) is updated in place to ``residual + x`` (in its dtype) first; else of ``x``."""
+    given) is updated in place to ``residual + x`` (in its dtype) first; else of ``x``.
+    The C kernel also takes, without a residual, heads packed in strided token rows
+    (``rows_of_heads``: Qwen3's q and k norms on their views of the qkv output); the
+    output is contiguous."""
     rows = (x,) if residual is None else (x, residual)
     if x.is_cuda and weight.dtype == x.dtype and takes_rows(*rows):
         return _triton_fused().rms_norm(x, weight, eps, residual)
     inputs = (*rows, weight)
     lib = _kernels(*inputs)
-    if lib is None or not all(t.is_contiguous() for t in inputs):
+    heads_in_rows = residual is None and rows_of_heads(x) and weight.is_contiguous()
+    if lib is None or not (heads_in_rows or all(t.is_contiguous() for t in inputs)):
         return rms_norm_reference(x, weight, eps, residual)
-    out = torch.empty_like(x)
+    out = x.new_empty(x.shape)
     n = x.shape[-1]
+    heads, token_stride = (1, n) if x.is_contiguous() else (x.shape[1], x.stride(0))
     isa = _isa(isa)
     cpu_library.run(
         "add_rms_norm",
@@ -78,6 +83,8 @@ def rms_norm(
         out.data_ptr(),
         x.numel() // n,
         n,
+        heads,
+        token_stride,
         eps,
         DTYPES[x.dtype],
         torch.get_num_threads(),
