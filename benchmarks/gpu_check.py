@@ -197,15 +197,18 @@ def _drain(engine) -> dict[str, list[int]]:
     return outputs
 
 
-@contextmanager
-def decoding(engine, batch: int, prompt_len: int, max_steps: int, seed: int):
-    """``batch`` greedy requests of random ``prompt_len``-token prompts, prefilled, so that
-    each following step is a decode step (for up to ``max_steps``); aborted on exit."""
+def greedy(max_tokens: int):
     from kvserve import SamplingParams
 
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
+@contextmanager
+def decoding(engine, batch: int, prompt_len: int, params, seed: int):
+    """``batch`` requests of random ``prompt_len``-token prompts sampled with ``params``,
+    prefilled, so that each following step is a decode step; aborted on exit."""
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
-    params = SamplingParams(temperature=0, max_tokens=prompt_len + max_steps, ignore_eos=True)
     requests = [
         engine.add_request(
             f"decode-{batch}-{i}", [rng.randrange(2, vocab) for _ in range(prompt_len)], params
@@ -225,7 +228,7 @@ def measure_decode(engine, batch: int, prompt_len: int, steps: int, seed: int) -
     """Median ``engine.step()`` time of ``batch`` requests all decoding, and the mean
     number of context tokens a timed step reads."""
     times, contexts = [], []
-    with decoding(engine, batch, prompt_len, steps, seed) as requests:
+    with decoding(engine, batch, prompt_len, greedy(prompt_len + steps), seed) as requests:
         for _ in range(steps):
             contexts.append(sum(r.num_tokens for r in requests))
             start = time.perf_counter()
@@ -243,7 +246,7 @@ def profile_decode(engine, batch: int, prompt_len: int, steps: int, seed: int) -
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    with decoding(engine, batch, prompt_len, steps + 1, seed):
+    with decoding(engine, batch, prompt_len, greedy(prompt_len + steps + 1), seed):
         engine.step()  # the first decode step of this batch size outside the profile
         with profile(activities=activities) as prof:
             start = time.perf_counter()
@@ -267,14 +270,15 @@ def profile_decode(engine, batch: int, prompt_len: int, steps: int, seed: int) -
 
 
 def count_decode_syncs(engine, batch: int, steps: int) -> float:
-    """Device synchronisations per decode step, as torch's sync debug mode reports them."""
+    """Device synchronisations per decode step (temperature and top-p sampling), as
+    torch's sync debug mode reports them."""
     from kvserve import SamplingParams
 
     params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=steps + 8, ignore_eos=True)
-    requests = [engine.add_request(f"sync-{i}", [5] * 64, params) for i in range(batch)]
-    while any(r.num_computed_tokens < r.num_prompt_tokens for r in requests):
-        engine.step()
-    with warnings.catch_warnings(record=True) as caught:
+    with (
+        decoding(engine, batch, 64, params, seed=0),
+        warnings.catch_warnings(record=True) as caught,
+    ):
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
@@ -282,8 +286,6 @@ def count_decode_syncs(engine, batch: int, steps: int) -> float:
                 engine.step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    for request in requests:
-        engine.abort_request(request.request_id)
     # not torch's once-per-process notice that the debug mode is a prototype
     syncs = [w for w in caught if str(w.message).startswith("called a synchronizing")]
     return len(syncs) / steps
@@ -334,9 +336,10 @@ def decode_attention_batch(config: LlamaConfig, batch: int, context: int, device
     """A decode batch of ``batch`` sequences of ``context`` tokens over a random bf16 cache
     of 16-token blocks in shuffled order: (query, key cache, value cache, metadata)."""
     from kvserve.engine.attention.metadata import AttentionMetadata
+    from kvserve.engine.cdiv import cdiv
 
-    head_dim = config.hidden_size // config.num_attention_heads
-    per_seq = -(-context // 16)
+    head_dim = config.head_dim
+    per_seq = cdiv(context, 16)
     tables = torch.randperm(batch * per_seq, device=device).view(batch, per_seq).int()
     shape = (batch * per_seq, 16, config.num_key_value_heads, head_dim)
     caches = [torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(2)]
@@ -366,8 +369,11 @@ def measure_kernels(config: LlamaConfig, device, bandwidth_gbs: float) -> dict:
     from kvserve.engine.models.rope import RotaryEmbedding
 
     found: dict = {"attention": {}, "elementwise": {}}
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = config.hidden_size // heads
+    heads, kv_heads, head_dim = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    )
     for batch, context in ((1, 528), (1, 4096), (16, 528), (64, 528)):
         query, key_cache, value_cache, meta = decode_attention_batch(config, batch, context, device)
         launch = attention_launch(batch, heads, kv_heads, head_dim, 1)

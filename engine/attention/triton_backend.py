@@ -159,11 +159,13 @@ def paged_attention(
     num_tokens, num_heads, head_dim = query.shape
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     splits = launch.num_splits
-    rows = (num_tokens, num_heads, splits) if splits > 1 else (1,)  # unread if one split
-    split_max, split_sum = (
-        torch.empty(rows, dtype=torch.float32, device=query.device) for _ in range(2)
-    )
-    split_acc = torch.empty((*rows, head_dim), dtype=torch.float32, device=query.device)
+    split_acc = split_max = split_sum = out  # a one-split launch never touches them
+    if splits > 1:
+        rows = (num_tokens, num_heads, splits)
+        split_max, split_sum = (
+            torch.empty(rows, dtype=torch.float32, device=query.device) for _ in range(2)
+        )
+        split_acc = torch.empty((*rows, head_dim), dtype=torch.float32, device=query.device)
     paged_attention_kernel[launch.grid](
         out,
         split_acc,

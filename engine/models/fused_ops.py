@@ -65,14 +65,14 @@ def rms_norm(
     rows = (x,) if residual is None else (x, residual)
     if x.is_cuda and weight.dtype == x.dtype and takes_rows(*rows):
         return _triton_fused().rms_norm(x, weight, eps, residual)
-    inputs = (*rows, weight)
-    lib = _kernels(*inputs)
-    heads_in_rows = residual is None and rows_of_heads(x) and weight.is_contiguous()
-    if lib is None or not (heads_in_rows or all(t.is_contiguous() for t in inputs)):
+    lib = _kernels(*rows, weight)
+    plain = all(t.is_contiguous() for t in rows)
+    packed_heads = residual is None and rows_of_heads(x)
+    if lib is None or not weight.is_contiguous() or not (plain or packed_heads):
         return rms_norm_reference(x, weight, eps, residual)
     out = x.new_empty(x.shape)
     n = x.shape[-1]
-    heads, token_stride = (1, n) if x.is_contiguous() else (x.shape[1], x.stride(0))
+    heads, token_stride = (1, n) if plain else (x.shape[1], x.stride(0))
     isa = _isa(isa)
     cpu_library.run(
         "add_rms_norm",
