@@ -376,7 +376,7 @@ def measure_kernels(config: LlamaConfig, device, bandwidth_gbs: float) -> dict:
     )
     for batch, context in ((1, 528), (1, 4096), (16, 528), (64, 528)):
         query, key_cache, value_cache, meta = decode_attention_batch(config, batch, context, device)
-        launch = attention_launch(batch, heads, kv_heads, head_dim, 1)
+        launch = attention_launch(batch, heads, kv_heads, head_dim, 1, torch.bfloat16)
         times = {
             splits: graph_us(
                 partial(

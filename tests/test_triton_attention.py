@@ -19,6 +19,7 @@ from joined_outputs import JoinedOutputs
 
 from kvserve import SamplingParams
 from kvserve.engine import cpu_library
+from kvserve.engine.attention import triton_backend
 from kvserve.engine.attention.backend import select_backend
 from kvserve.engine.attention.cpu_backend import CPUAttention
 from kvserve.engine.attention.metadata import AttentionMetadata
@@ -427,7 +428,7 @@ def test_torch_store_kv_skips_negative_slots():
 def test_launch_is_valid_on_a_gpu(num_heads, num_kv_heads, head_dim, max_query_len):
     """Power-of-two tiles, every tl.dot dimension at least 16, and the grid covers every
     (sequence, kv head, query token)."""
-    launch = attention_launch(5, num_heads, num_kv_heads, head_dim, max_query_len)
+    launch = attention_launch(5, num_heads, num_kv_heads, head_dim, max_query_len, torch.bfloat16)
     for size in (launch.block_m, launch.block_n, launch.head_pad, launch.block_q):
         assert size & (size - 1) == 0
     assert min(launch.block_m, launch.block_n, launch.head_pad) >= 16
@@ -447,7 +448,7 @@ def test_launch_is_valid_on_a_gpu(num_heads, num_kv_heads, head_dim, max_query_l
 def test_decode_launch_splits_the_keys_of_small_batches(num_seqs, max_query_len, splits):
     """Llama-3-8B's heads (32 query, 8 kv): a decode batch of fewer than 64 sequences fills
     about 512 programs with a power of two of key ranges each, at most 32; prefill never."""
-    launch = attention_launch(num_seqs, 32, 8, 128, max_query_len)
+    launch = attention_launch(num_seqs, 32, 8, 128, max_query_len, torch.bfloat16)
     assert launch.num_splits == splits
 
 
@@ -461,7 +462,7 @@ def test_every_number_of_key_splits_gives_the_same_attention(seed, splits):
     TorchAttention().store_kv(
         batch.key, batch.value, batch.key_cache, batch.value_cache, batch.meta.slot_mapping
     )
-    launch = dataclasses.replace(attention_launch(4, 8, 2, 64, 1), num_splits=splits)
+    launch = dataclasses.replace(attention_launch(4, 8, 2, 64, 1, torch.float32), num_splits=splits)
     out = paged_attention(launch, batch.query, batch.key_cache, batch.value_cache, batch.meta, 0.1)
     expected = TorchAttention().attend(
         batch.query, batch.key_cache, batch.value_cache, batch.meta, 0.1
@@ -469,9 +470,75 @@ def test_every_number_of_key_splits_gives_the_same_attention(seed, splits):
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+LAUNCH_VARIANTS = {
+    "key-tile-16": dict(block_n=16),
+    "key-tile-64": dict(block_n=64),
+    "native-dots": dict(native_dots=True),
+    "key-rows": dict(k_rows=True),
+    "native-rows-64": dict(native_dots=True, k_rows=True, block_n=64, num_warps=8),
+    "one-stage": dict(num_stages=1, num_warps=2),
+}
+# Triton's interpreter multiplies bf16 operands as their raw 16-bit patterns: native bf16
+# dots run on a GPU only (fp16's are the same kernel code and run everywhere).
+NATIVE_DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.float16, id="fp16"),
+    pytest.param(
+        torch.bfloat16,
+        id="bf16",
+        marks=pytest.mark.skipif(DEVICE.type != "cuda", reason="bf16 dots need a GPU"),
+    ),
+]
+
+
+@pytest.mark.parametrize("wide_offsets", [False, True], ids=["int32-offsets", "int64-offsets"])
+@pytest.mark.parametrize("dtype", NATIVE_DTYPES)
+@pytest.mark.parametrize("variant", LAUNCH_VARIANTS)
+@pytest.mark.parametrize("phase", ["mixed", "split-decode"])
+def test_every_launch_variant_matches_torch(seed, phase, variant, dtype, wide_offsets, monkeypatch):
+    """The tile choices attention_sweep.py weighs (key tile, native dots, key-row loads,
+    warps, stages, 32- or 64-bit cache offsets) all compute the same attention: a mixed
+    batch of prefill chunks and decodes, and a decode batch with its keys split in four."""
+    if wide_offsets:
+        monkeypatch.setattr(triton_backend, "INT32_OFFSETS", 0)
+    if phase == "mixed":
+        query_lens, seq_lens, shared = MIXED_QUERY_LENS, MIXED_SEQ_LENS, MIXED_SHARED
+    else:
+        query_lens, seq_lens, shared = [1] * 4, [1, 33, 300, 1000], {}
+    batch = make_batch(
+        query_lens, seq_lens, num_heads=8, num_kv_heads=2, head_dim=64, dtype=dtype, shared=shared
+    )
+    launch = attention_launch(len(seq_lens), 8, 2, 64, max(query_lens), dtype)
+    splits = 4 if phase == "split-decode" else 1
+    launch = dataclasses.replace(launch, **LAUNCH_VARIANTS[variant], num_splits=splits)
+
+    class Variant(TritonAttention):
+        def attend(self, query, key_cache, value_cache, meta, scale):
+            return paged_attention(launch, query, key_cache, value_cache, meta, scale)
+
+    check_attention(batch, seed, Variant)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "max_query_len", "tiles"),
+    [
+        (torch.bfloat16, 1, (64, 2, True)),
+        (torch.float16, 1, (64, 2, True)),
+        (torch.float32, 1, (32, 8, False)),
+        (torch.bfloat16, 9, (32, 8, False)),
+    ],
+)
+def test_16_bit_decode_launches_take_the_swept_tiles(dtype, max_query_len, tiles):
+    """Llama-3-8B's heads: a bf16/fp16 decode launch takes 64-key tiles, two warps and
+    native dots (attention_sweep.py's pick on an H200); fp32 and prefill launches keep
+    32-key tiles, eight warps and fp32 dots, which fit their registers."""
+    launch = attention_launch(16, 32, 8, 128, max_query_len, dtype)
+    assert (launch.block_n, launch.num_warps, launch.native_dots) == tiles
+
+
 def test_launch_rejects_uneven_gqa():
     with pytest.raises(ValueError, match="num_heads 6 is not a multiple of num_kv_heads 4"):
-        attention_launch(1, 6, 4, 64, 1)
+        attention_launch(1, 6, 4, 64, 1, torch.bfloat16)
 
 
 @pytest.mark.parametrize(

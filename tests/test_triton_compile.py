@@ -28,22 +28,27 @@ FUSED = {  # the elementwise kernels at Llama-3-8B's shapes, as triton_fused lau
     "silu_and_mul_kernel": (dict(BLOCK=SILU_BLOCK), 4),
     "rope_kernel": (dict(Q_HEADS_PAD=32, K_HEADS_PAD=8, HALF=64, HALF_PAD=64), 4),
 }
+CACHE_ELEMENTS = {"int32": 2**30, "int64": 2**32}  # the offsets each cache size takes
 CASES = [
-    (model, dtype, phase)
+    (model, dtype, phase, offsets)
     for model in SHAPES
     for dtype in DTYPES
     for phase in ("decode", "prefill")
-    if dtype == torch.bfloat16 or model == "llama3-8b"
+    for offsets in CACHE_ELEMENTS
+    if (dtype == torch.bfloat16 or model == "llama3-8b")
+    and (offsets == "int32" or (model, dtype) == ("llama3-8b", torch.bfloat16))
 ]
 
 
-def job(model: str, dtype: torch.dtype, phase: str) -> dict:
+def job(model: str, dtype: torch.dtype, phase: str, offsets: str) -> dict:
     num_heads, num_kv_heads, head_dim = SHAPES[model]
-    launch = attention_launch(8, num_heads, num_kv_heads, head_dim, 1 if phase == "decode" else 512)
+    launch = attention_launch(
+        8, num_heads, num_kv_heads, head_dim, 1 if phase == "decode" else 512, dtype
+    )
     return {
         "kernel": "paged_attention_kernel",
         "dtype": DTYPES[dtype],
-        "constants": launch.constants(16, dtype),
+        "constants": launch.constants(16, dtype, CACHE_ELEMENTS[offsets]),
         "num_warps": launch.num_warps,
     }
 
@@ -85,7 +90,7 @@ def reports() -> dict:
     return dict(zip([*CASES, "store_kv", *FUSED, "merge_splits"], results, strict=True))
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{DTYPES[c[1]]}-{c[2]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join((c[0], DTYPES[c[1]], *c[2:])))
 def test_attention_fits_in_registers(reports, case):
     assert reports[case]["spill_stores"] == reports[case]["spill_loads"] == 0, reports[case]
 

@@ -1,6 +1,6 @@
 """Paged attention through the Triton kernels: the CUDA path (and the interpreter's on CPU)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -16,8 +16,12 @@ from kvserve.engine.attention.triton_kernels import (
 MIN_DOT = 16  # tl.dot needs every dimension >= 16 on a GPU
 PREFILL_BLOCK_M = 64
 BLOCK_N = 32
+DECODE_BLOCK_N = 64
+DECODE_TILE_PER_TWO_WARPS = 16 * 128  # row tile elements (rows x padded head dims)
 DECODE_PROGRAMS = 512  # about four per SM on an H100/H200 (132 SMs)
 MAX_SPLITS = 32
+NUM_STAGES = 3  # Triton's default software pipelining depth on CUDA
+INT32_OFFSETS = 2**31 - 1  # the most cache elements that 32-bit offsets address
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,9 @@ class AttentionLaunch:
     num_kv_heads: int
     q_tiles: int
     num_splits: int
+    num_stages: int = NUM_STAGES
+    native_dots: bool = False
+    k_rows: bool = False
 
     @property
     def block_m(self) -> int:
@@ -46,8 +53,12 @@ class AttentionLaunch:
     def grid(self) -> tuple[int, int, int]:
         return (self.num_seqs, self.num_kv_heads, self.q_tiles * self.num_splits)
 
-    def constants(self, block_size: int, dtype: torch.dtype) -> dict[str, int | str]:
-        """The kernel's compile-time arguments for caches of ``block_size`` in ``dtype``."""
+    def constants(
+        self, block_size: int, dtype: torch.dtype, cache_elements: int
+    ) -> dict[str, int | str]:
+        """The kernel's compile-time arguments for caches of ``block_size`` in ``dtype``
+        holding ``cache_elements`` each (beyond ``INT32_OFFSETS`` they take 64-bit
+        offsets)."""
         return dict(
             BLOCK_SIZE=block_size,
             GROUP=self.group,
@@ -58,41 +69,61 @@ class AttentionLaunch:
             BLOCK_N=self.block_n,
             NUM_SPLITS=self.num_splits,
             DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+            NATIVE_DOTS=self.native_dots,
+            K_ROWS=self.k_rows,
+            WIDE_OFFSETS=cache_elements > INT32_OFFSETS,
         )
 
 
 def attention_launch(
-    num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int, max_query_len: int
+    num_seqs: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    max_query_len: int,
+    dtype: torch.dtype,
 ) -> AttentionLaunch:
     """Decode-only batches (``max_query_len == 1``) get the smallest row tile, 16 rows,
-    filled with the GQA group; batches with prefill chunks get 64 rows, several tokens each.
-    Key tiles of 32 and 8 warps for the larger tiles keep every supported shape within the
-    registers on sm_90 (tests/test_triton_compile.py). A decode batch of fewer than
-    ``DECODE_PROGRAMS`` (sequence, kv head) pairs splits each context into a power of two
-    of key ranges, up to ``MAX_SPLITS``, so that about that many programs share the work.
-    Depends on host integers only, so a decode launch has a fixed grid for a CUDA graph."""
+    filled with the GQA group; batches with prefill chunks get 64 rows, several tokens
+    each. A 16-bit decode launch takes 64-key tiles (32 past 128 dimensions), native-dtype
+    dots and two warps per 16 x 128 of row tile: on an H200 this halved decode attention
+    at batch 16 to 256 (``benchmarks/attention_sweep.py``, ``benchmarks/gpu-levers.md``
+    lever G3). Other launches take 32-key tiles, fp32 dots and 8 warps for the larger
+    tiles. Every supported shape stays within the registers on
+    sm_90 (tests/test_triton_compile.py). A decode batch of fewer than ``DECODE_PROGRAMS``
+    (sequence, kv head) pairs splits each context into a power of two of key ranges, up to
+    ``MAX_SPLITS``, so that about that many programs share the work. Depends on host
+    integers only, so a decode launch has a fixed grid for a CUDA graph."""
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    decode = max_query_len == 1
+    native = decode and dtype.itemsize == 2
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    block_m = max(MIN_DOT if max_query_len == 1 else PREFILL_BLOCK_M, group_pad)
+    block_m = max(MIN_DOT if decode else PREFILL_BLOCK_M, group_pad)
     block_q = block_m // group_pad
     head_pad = max(MIN_DOT, triton.next_power_of_2(head_dim))
-    num_warps = 8 if head_pad >= 128 or block_m >= PREFILL_BLOCK_M else 4
+    if native:
+        num_warps = min(8, 2 * max(1, block_m * head_pad // DECODE_TILE_PER_TWO_WARPS))
+        block_n = DECODE_BLOCK_N if head_pad <= 128 else DECODE_BLOCK_N // 2
+    else:
+        num_warps = 8 if head_pad >= 128 or block_m >= PREFILL_BLOCK_M else 4
+        block_n = BLOCK_N
     pairs = num_seqs * num_kv_heads
-    splits = 1 if max_query_len > 1 else min(MAX_SPLITS, max(1, DECODE_PROGRAMS // pairs))
+    splits = 1 if not decode else min(MAX_SPLITS, max(1, DECODE_PROGRAMS // pairs))
     return AttentionLaunch(
         group=group,
         group_pad=group_pad,
         head_dim=head_dim,
         head_pad=head_pad,
         block_q=block_q,
-        block_n=BLOCK_N,
+        block_n=block_n,
         num_warps=num_warps,
         num_seqs=num_seqs,
         num_kv_heads=num_kv_heads,
         q_tiles=triton.cdiv(max_query_len, block_q),
         num_splits=1 << (splits.bit_length() - 1),
+        native_dots=native,
     )
 
 
@@ -138,8 +169,16 @@ class TritonAttention(AttentionBackend):
     def attend(self, query, key_cache, value_cache, meta: AttentionMetadata, scale):
         num_heads, head_dim = query.shape[1:]
         launch = attention_launch(
-            meta.num_seqs, num_heads, key_cache.shape[2], head_dim, meta.max_query_len
+            meta.num_seqs,
+            num_heads,
+            key_cache.shape[2],
+            head_dim,
+            meta.max_query_len,
+            query.dtype,
         )
+        if query.device.type == "cpu" and query.dtype == torch.bfloat16:
+            # Triton's interpreter multiplies bf16 dot operands as raw 16-bit patterns.
+            launch = replace(launch, native_dots=False)
         return paged_attention(launch, query, key_cache, value_cache, meta, scale)
 
 
@@ -186,8 +225,9 @@ def paged_attention(
         key_cache.stride(1),
         key_cache.stride(2),
         meta.block_tables.stride(0),
-        **launch.constants(key_cache.shape[1], query.dtype),
+        **launch.constants(key_cache.shape[1], query.dtype, key_cache.numel()),
         num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
     )
     if splits > 1:
         merge_splits_kernel[(num_tokens, num_heads)](

@@ -1,9 +1,10 @@
 """Triton kernels over the paged KV cache: storing new keys/values and flat-batch attention.
 
 Caches are ``[num_blocks, block_size, num_kv_heads, head_dim]`` with a unit stride on the
-last dimension. Every load is upcast to fp32 at once and all arithmetic (dots included)
-runs in fp32: bf16/fp16 activations get fp32 accumulation, and the kernels stay correct
-under Triton's interpreter, whose bf16 arithmetic is broken.
+last dimension. Loads are upcast to fp32 and the arithmetic runs in fp32 (bf16/fp16
+activations get fp32 accumulation, and the kernels stay correct under Triton's
+interpreter, whose bf16 arithmetic is broken), except the attention dots where a launch
+asks for native operands.
 """
 
 import triton
@@ -84,6 +85,9 @@ def paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    NATIVE_DOTS: tl.constexpr,
+    K_ROWS: tl.constexpr,
+    WIDE_OFFSETS: tl.constexpr,
 ):
     """Program ``(seq, kv_head, q_tile * NUM_SPLITS + split)`` attends ``BLOCK_Q`` query
     tokens of sequence ``seq``, for all ``GROUP`` query heads sharing ``kv_head``, over
@@ -100,6 +104,14 @@ def paged_attention_kernel(
     ``(token * num_heads + head) * NUM_SPLITS + split`` of the ``split_*`` buffers, which
     ``merge_splits_kernel`` combines: many programs share one long context when a decode
     batch alone would leave most of the GPU idle.
+
+    ``NATIVE_DOTS`` keeps the dots' operands in the cache's dtype (the probabilities are
+    cast to it before ``p @ v``) with fp32 accumulation, as tensor cores take them;
+    otherwise every operand is upcast to fp32 first. ``K_ROWS`` loads a key tile as
+    ``[BLOCK_N, HEAD_PAD]`` (each key's dimensions contiguous) and transposes it in
+    registers instead of loading it transposed. Offsets into the caches are 32-bit unless
+    ``WIDE_OFFSETS`` (a cache of ``2**31`` elements or more): half the registers per
+    address.
     """
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     seq = tl.program_id(0)
@@ -124,7 +136,9 @@ def paged_attention_kernel(
 
     q_mask = row_valid[:, None] & dim_valid[None, :]
     q_offsets = tokens[:, None] * query_stride_token + head[:, None] * query_stride_head
-    q = tl.load(query_ptr + q_offsets + dims[None, :], mask=q_mask, other=0.0).to(tl.float32)
+    q = tl.load(query_ptr + q_offsets + dims[None, :], mask=q_mask, other=0.0)
+    if not NATIVE_DOTS:
+        q = q.to(tl.float32)
 
     qk_scale = scale * 1.4426950408889634  # log2(e)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -138,17 +152,30 @@ def paged_attention_kernel(
     for start in range(kv_start, kv_end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_valid = cols < kv_end
-        blocks = tl.load(block_table + cols // BLOCK_SIZE, mask=col_valid, other=0).to(tl.int64)
+        blocks = tl.load(block_table + cols // BLOCK_SIZE, mask=col_valid, other=0)
+        if WIDE_OFFSETS:
+            blocks = blocks.to(tl.int64)
         kv_offsets = (
             blocks * cache_stride_block
             + (cols % BLOCK_SIZE) * cache_stride_slot
             + kv_head * cache_stride_head
         )
-        k = tl.load(
-            key_cache_ptr + kv_offsets[None, :] + dims[:, None],
-            mask=dim_valid[:, None] & col_valid[None, :],
-            other=0.0,
-        ).to(tl.float32)
+        if K_ROWS:
+            k = tl.trans(
+                tl.load(
+                    key_cache_ptr + kv_offsets[:, None] + dims[None, :],
+                    mask=col_valid[:, None] & dim_valid[None, :],
+                    other=0.0,
+                )
+            )
+        else:
+            k = tl.load(
+                key_cache_ptr + kv_offsets[None, :] + dims[:, None],
+                mask=dim_valid[:, None] & col_valid[None, :],
+                other=0.0,
+            )
+        if not NATIVE_DOTS:
+            k = k.to(tl.float32)
         scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
         visible = (cols[None, :] <= positions[:, None]) & col_valid[None, :]
         scores = tl.where(visible, scores, float("-inf"))
@@ -160,7 +187,11 @@ def paged_attention_kernel(
             value_cache_ptr + kv_offsets[:, None] + dims[None, :],
             mask=col_valid[:, None] & dim_valid[None, :],
             other=0.0,
-        ).to(tl.float32)
+        )
+        if NATIVE_DOTS:
+            p = p.to(v.dtype)
+        else:
+            v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
 
