@@ -78,12 +78,14 @@ def _storage(t: torch.Tensor) -> int:
 @dataclass
 class Recording:
     """One decode step's kernel calls, the last layer's output (the residual stream is the
-    input buffer, updated in place) and the tensors the step allocated, ``bytes`` in all."""
+    input buffer, updated in place) and the tensors the step allocated, ``bytes`` in all.
+    The calls pass the kernels the ``threads`` torch had when they were recorded."""
 
     calls: list[cpu_library.KernelCall]
     hidden: torch.Tensor
     allocated: list[torch.Tensor]
     bytes: int
+    threads: int
 
     def replay(self) -> None:
         for call in self.calls:
@@ -92,8 +94,9 @@ class Recording:
 
 class CPUDecodeGraphs:
     """Called like the model. Decode-only batches of up to ``max_size`` sequences, all rows
-    out, replay the recording of their size (recorded by the first such step); any other
-    batch runs the model eagerly."""
+    out, replay the recording of their size (recorded by the first such step, and again by
+    the first after torch's thread count changed); any other batch runs the model
+    eagerly."""
 
     @torch.inference_mode()
     def __init__(
@@ -135,7 +138,7 @@ class CPUDecodeGraphs:
         hidden = self.hidden[:n]
         torch.index_select(self.model.embed_tokens.weight, 0, input_ids, out=hidden)
         recording = self.recordings.get(n)
-        if recording is None:
+        if recording is None or recording.threads != torch.get_num_threads():
             return self._record(n, hidden, meta)
         self.recordings.move_to_end(n)
         recording.replay()
@@ -152,6 +155,8 @@ class CPUDecodeGraphs:
             seq_lens=s.seq_lens[:n],
             block_tables=s.block_tables[:n],
         )
+        self.recordings.pop(n, None)
+        threads = torch.get_num_threads()
         with cpu_library.recording() as calls, _TorchOps() as ops:
             out, residual = self.model.run_layers(
                 hidden, s.positions[:n], self.kv_caches, static_meta
@@ -164,7 +169,7 @@ class CPUDecodeGraphs:
                 sorted(ops.computed),
             )
         else:
-            self._keep(n, Recording(calls, out, ops.allocated, ops.bytes()))
+            self._keep(n, Recording(calls, out, ops.allocated, ops.bytes(), threads))
         return residual + out
 
     def _keep(self, n: int, recording: Recording) -> None:

@@ -30,8 +30,13 @@ def run(checkpoint, family: str, dtype: str, enforce_eager: bool):
             block_size=4,
         )
     )
+    return run_prompts(engine, "first"), engine
+
+
+def run_prompts(engine: LLMEngine, name: str) -> list[torch.Tensor]:
+    """Every step's logits over PROMPTS, requests named ``name`` and their index."""
     for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS, strict=True)):
-        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=n))
+        engine.add_request(f"{name}-{i}", prompt, SamplingParams(temperature=0, max_tokens=n))
     logits = []
     execute = engine.runner.execute
 
@@ -42,7 +47,8 @@ def run(checkpoint, family: str, dtype: str, enforce_eager: bool):
     engine.runner.execute = kept
     while engine.has_unfinished_requests():
         engine.step()
-    return logits, engine
+    engine.runner.execute = execute
+    return logits
 
 
 @pytest.mark.parametrize(
@@ -98,6 +104,28 @@ def test_a_size_whose_step_computes_in_torch_runs_eagerly(checkpoint, monkeypatc
         assert torch.equal(ours, theirs)
 
 
+def test_a_step_after_the_thread_count_changed_records_anew(checkpoint):
+    """The calls pass the kernels the thread count of their recording; once torch's count
+    changes, each size records again on the new count, and the logits are the eager
+    ones at that count, bit for bit."""
+    threads = torch.get_num_threads()
+    other = 1 if threads > 1 else 2
+    _, engine = run(checkpoint, "llama", "float32", enforce_eager=False)
+    graphs = engine.runner.forward
+    assert {r.threads for r in graphs.recordings.values()} == {threads}
+    try:
+        torch.set_num_threads(other)
+        replayed = run_prompts(engine, "again")
+        eager, _ = run(checkpoint, "llama", "float32", enforce_eager=True)
+    finally:
+        torch.set_num_threads(threads)
+    # sizes 4, 3 and 2 ran again; size 1 (the warm-up's) did not
+    recorded = {n: r.threads for n, r in graphs.recordings.items()}
+    assert recorded == {1: threads, 2: other, 3: other, 4: other}
+    for step, (ours, theirs) in enumerate(zip(replayed, eager, strict=True)):
+        assert torch.equal(ours, theirs), f"step {step}"
+
+
 def test_recordings_are_kept_within_their_bytes_least_recently_used_first_out(checkpoint):
     _, engine = run(checkpoint, "llama", "float32", enforce_eager=False)
     graphs = engine.runner.forward
@@ -105,7 +133,7 @@ def test_recordings_are_kept_within_their_bytes_least_recently_used_first_out(ch
     graphs.max_bytes = 300
 
     def recording(size: int) -> Recording:
-        return Recording([], torch.empty(0), [], size)
+        return Recording([], torch.empty(0), [], size, 1)
 
     graphs._keep(1, recording(100))
     graphs._keep(2, recording(150))
