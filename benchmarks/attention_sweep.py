@@ -5,8 +5,8 @@
 Needs a CUDA device. For each decode batch (sequences x context tokens) it replays
 ``paged_attention`` from a CUDA graph (``gpu_check.graph_us``) under launch variants that
 differ from ``attention_launch``'s pick in key tile (``block_n``), warps, pipelining
-stages, native-dtype dot operands, key-tile load order and the number of key splits,
-and checks each variant's output against the torch path in fp32. The full grid of tile
+stages, native-dtype dot operands and the number of key splits, and checks each
+variant's output against the torch path in fp32. The full grid of tile
 choices runs on the first batch; the other batches try the first batch's best few,
 then the best two with every power of two of splits. Stops sweeping once --budget-s has
 passed and writes what it has.
@@ -32,7 +32,6 @@ TILES = dict(
     num_warps=(2, 4, 8),
     num_stages=(1, 3),
     native_dots=(False, True),
-    k_rows=(False, True),
 )
 SPLITS = (1, 2, 4, 8, 16, 32)
 CARRIED = 8  # tile choices the first batch hands to the others

@@ -13,7 +13,7 @@ _spec.loader.exec_module(sweep)
 
 
 def variant(block_n: int, splits: int, us: float | None, error: float = 0.001) -> dict:
-    tile = dict(block_n=block_n, num_warps=2, num_stages=3, native_dots=True, k_rows=False)
+    tile = dict(block_n=block_n, num_warps=2, num_stages=3, native_dots=True)
     if us is None:
         return tile | {"num_splits": splits, "error": "CompilationError: out of resources"}
     return tile | {"num_splits": splits, "us": us, "max_error": error}
@@ -21,10 +21,10 @@ def variant(block_n: int, splits: int, us: float | None, error: float = 0.001) -
 
 def test_the_grid_is_every_combination_of_the_tile_choices():
     grid = sweep.tile_grid()
-    assert len(grid) == 3 * 3 * 2 * 2 * 2
+    assert len(grid) == 3 * 3 * 2 * 2
     assert len({tuple(tile.values()) for tile in grid}) == len(grid)
     assert {tile["block_n"] for tile in grid} == {16, 32, 64}
-    assert grid[0] == dict(block_n=16, num_warps=2, num_stages=1, native_dots=False, k_rows=False)
+    assert grid[0] == dict(block_n=16, num_warps=2, num_stages=1, native_dots=False)
 
 
 def test_ranking_drops_failed_and_inaccurate_variants_and_orders_by_time():

@@ -474,8 +474,7 @@ LAUNCH_VARIANTS = {
     "key-tile-16": dict(block_n=16),
     "key-tile-64": dict(block_n=64),
     "native-dots": dict(native_dots=True),
-    "key-rows": dict(k_rows=True),
-    "native-rows-64": dict(native_dots=True, k_rows=True, block_n=64, num_warps=8),
+    "native-64": dict(native_dots=True, block_n=64, num_warps=8),
     "one-stage": dict(num_stages=1, num_warps=2),
 }
 # Triton's interpreter multiplies bf16 operands as their raw 16-bit patterns: native bf16
@@ -496,9 +495,9 @@ NATIVE_DTYPES = [
 @pytest.mark.parametrize("variant", LAUNCH_VARIANTS)
 @pytest.mark.parametrize("phase", ["mixed", "split-decode"])
 def test_every_launch_variant_matches_torch(seed, phase, variant, dtype, wide_offsets, monkeypatch):
-    """The tile choices attention_sweep.py weighs (key tile, native dots, key-row loads,
-    warps, stages, 32- or 64-bit cache offsets) all compute the same attention: a mixed
-    batch of prefill chunks and decodes, and a decode batch with its keys split in four."""
+    """The tile choices attention_sweep.py weighs (key tile, native dots, warps, stages)
+    and 32- or 64-bit cache offsets all compute the same attention: a mixed batch of
+    prefill chunks and decodes, and a decode batch with its keys split in four."""
     if wide_offsets:
         monkeypatch.setattr(triton_backend, "INT32_OFFSETS", 0)
     if phase == "mixed":

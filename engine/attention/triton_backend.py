@@ -43,7 +43,6 @@ class AttentionLaunch:
     num_splits: int
     num_stages: int = NUM_STAGES
     native_dots: bool = False
-    k_rows: bool = False
 
     @property
     def block_m(self) -> int:
@@ -70,7 +69,6 @@ class AttentionLaunch:
             NUM_SPLITS=self.num_splits,
             DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
             NATIVE_DOTS=self.native_dots,
-            K_ROWS=self.k_rows,
             WIDE_OFFSETS=cache_elements > INT32_OFFSETS,
         )
 
@@ -89,8 +87,8 @@ def attention_launch(
     dots and two warps per 16 x 128 of row tile: on an H200 this halved decode attention
     at batch 16 to 256 (``benchmarks/attention_sweep.py``, ``benchmarks/gpu-levers.md``
     lever G3). Other launches take 32-key tiles, fp32 dots and 8 warps for the larger
-    tiles. Every supported shape stays within the registers on
-    sm_90 (tests/test_triton_compile.py). A decode batch of fewer than ``DECODE_PROGRAMS``
+    tiles. Every supported shape stays within the registers on sm_90
+    (tests/test_triton_compile.py). A decode batch of fewer than ``DECODE_PROGRAMS``
     (sequence, kv head) pairs splits each context into a power of two of key ranges, up to
     ``MAX_SPLITS``, so that about that many programs share the work. Depends on host
     integers only, so a decode launch has a fixed grid for a CUDA graph."""

@@ -86,7 +86,6 @@ def paged_attention_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     NATIVE_DOTS: tl.constexpr,
-    K_ROWS: tl.constexpr,
     WIDE_OFFSETS: tl.constexpr,
 ):
     """Program ``(seq, kv_head, q_tile * NUM_SPLITS + split)`` attends ``BLOCK_Q`` query
@@ -107,9 +106,7 @@ def paged_attention_kernel(
 
     ``NATIVE_DOTS`` keeps the dots' operands in the cache's dtype (the probabilities are
     cast to it before ``p @ v``) with fp32 accumulation, as tensor cores take them;
-    otherwise every operand is upcast to fp32 first. ``K_ROWS`` loads a key tile as
-    ``[BLOCK_N, HEAD_PAD]`` (each key's dimensions contiguous) and transposes it in
-    registers instead of loading it transposed. Offsets into the caches are 32-bit unless
+    otherwise every operand is upcast to fp32 first. Offsets into the caches are 32-bit unless
     ``WIDE_OFFSETS`` (a cache of ``2**31`` elements or more): half the registers per
     address.
     """
@@ -160,20 +157,11 @@ def paged_attention_kernel(
             + (cols % BLOCK_SIZE) * cache_stride_slot
             + kv_head * cache_stride_head
         )
-        if K_ROWS:
-            k = tl.trans(
-                tl.load(
-                    key_cache_ptr + kv_offsets[:, None] + dims[None, :],
-                    mask=col_valid[:, None] & dim_valid[None, :],
-                    other=0.0,
-                )
-            )
-        else:
-            k = tl.load(
-                key_cache_ptr + kv_offsets[None, :] + dims[:, None],
-                mask=dim_valid[:, None] & col_valid[None, :],
-                other=0.0,
-            )
+        k = tl.load(
+            key_cache_ptr + kv_offsets[None, :] + dims[:, None],
+            mask=dim_valid[:, None] & col_valid[None, :],
+            other=0.0,
+        )
         if not NATIVE_DOTS:
             k = k.to(tl.float32)
         scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
