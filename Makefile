@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: setup serve test lint typecheck k8s e2e
+.PHONY: setup serve test lint typecheck k8s e2e bench
 setup: $(VENV)/.installed
 
 serve: setup
@@ -45,3 +45,11 @@ test: lint k8s
 # The e2e scenarios alone, each one's wall time printed. e2e/run.sh runs them on any cluster.
 e2e: setup k8s
 	$(PY) -m pytest -v -s -rs -p no:cacheprovider tests/e2e
+
+# kvserve against vLLM's CPU build, offline (W1) and served, three rounds each, on this
+# machine (benchmarks/README.md); vLLM in a venv of its own, made if missing. Not a test.
+VLLM_VENV ?= /work/vllm-venv
+bench: setup
+	benchmarks/vllm_venv.sh $(VLLM_VENV)
+	$(PY) benchmarks/throughput.py --dtype bf16 fp32 --vllm $(VLLM_VENV)/bin/python --rounds 3
+	$(PY) benchmarks/serving.py --kvserve --vllm $(VLLM_VENV)/bin/vllm --rounds 3
