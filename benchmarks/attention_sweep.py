@@ -74,22 +74,19 @@ def sweep_shape(batch: int, context: int, tiles: list[dict], deadline: float) ->
         return {"us": graph_us(run), "max_error": difference}
 
     found: dict = {"default": asdict(default) | timed(default), "variants": []}
-    for tile in tiles:
+
+    def trials():
+        for tile in tiles:
+            yield tile, default.num_splits
+        for best in ranked_tiles(found)[:2]:  # ranked once the tiles above have run
+            yield from ((best, splits) for splits in SPLITS if splits != default.num_splits)
+
+    for tile, splits in trials():
         if time.monotonic() > deadline:
             found["stopped"] = "budget"
-            return found
-        found["variants"].append(
-            tile | {"num_splits": default.num_splits} | timed(replace(default, **tile))
-        )
-    for best in ranked_tiles(found)[:2]:
-        for splits in SPLITS:
-            if splits == default.num_splits:
-                continue
-            if time.monotonic() > deadline:
-                found["stopped"] = "budget"
-                return found
-            launch = replace(default, **best, num_splits=splits)
-            found["variants"].append(best | {"num_splits": splits} | timed(launch))
+            break
+        launch = replace(default, **tile, num_splits=splits)
+        found["variants"].append(tile | {"num_splits": splits} | timed(launch))
     return found
 
 
