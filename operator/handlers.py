@@ -143,6 +143,9 @@ def reconcile(
 ) -> None:
     try:
         _reconcile(memo.reconciler, dict(body))
+    except StatusConflict as e:
+        # Other writers kept changing the owner: try again later, no traceback in the log.
+        raise kopf.TemporaryError(str(e), delay=retry_delay(retry)) from e
     except ApiException as e:
         if namespace_terminating(e):
             logger.info("not reconciled: %s", api_message(e))

@@ -5,6 +5,8 @@ import json
 import logging
 from types import SimpleNamespace
 
+import kopf
+import pytest
 from kubernetes.client.rest import ApiException
 
 from kvserve.operator import handlers
@@ -98,3 +100,21 @@ def test_a_child_event_whose_status_write_keeps_conflicting_ends_quietly(monkeyp
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("INFO", "child event: status left to the newer writers (ml/q changed 5 times)")
     ]
+
+
+def test_a_reconcile_whose_status_write_keeps_conflicting_is_retried_later(monkeypatch):
+    """The owner kept changing under every status write: kopf is asked to try again after
+    the backoff (a TemporaryError, which it logs in one line, no traceback)."""
+
+    def conflicting(reconciler, owner):
+        raise StatusConflict("ml/q changed 5 times")
+
+    monkeypatch.setattr(handlers, "_reconcile", conflicting)
+    with pytest.raises(kopf.TemporaryError) as raised:
+        handlers.reconcile(
+            body={"metadata": {"namespace": "ml", "name": "q"}},
+            memo=SimpleNamespace(reconciler=None),
+            retry=2,
+            logger=logging.getLogger("test-reconcile"),
+        )
+    assert (str(raised.value), raised.value.delay) == ("ml/q changed 5 times", 4)
