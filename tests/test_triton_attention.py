@@ -32,6 +32,7 @@ from kvserve.engine.attention.triton_backend import (
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.models import dpbf16_linear
 
 from reference import assert_greedy_match, hf_greedy
 
@@ -42,6 +43,16 @@ POISON = 1e4  # what the padding entries of the block tables point at
 CPU_PATHS = [
     pytest.param(functools.partial(CPUAttention, p.values[0]), id=f"cpu-{p.id}", marks=p.marks)
     for p in ISA_PARAMS
+] + [
+    pytest.param(
+        functools.partial(CPUAttention, "avx512", bf16_dots=True),
+        id="cpu-avx512-bf16-dots",
+        marks=pytest.mark.skipif(
+            "avx512" not in cpu_library.supported_isas()
+            or not dpbf16_linear.can_use(torch.bfloat16, torch.device("cpu")),
+            reason="this CPU has no AVX-512-BF16",
+        ),
+    )
 ]
 BACKENDS = [pytest.param(TritonAttention, id="triton"), *CPU_PATHS]
 
@@ -281,12 +292,14 @@ def test_cpu_decode_caps_the_ranges_of_one_context(seed, backend):
 
 
 @pytest.mark.parametrize("backend", CPU_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("group", [1, 3])
-def test_cpu_prefill_items_of_every_lane_count_match_torch(seed, group, backend):
+def test_cpu_prefill_items_of_every_lane_count_match_torch(seed, group, dtype, backend):
     """A chunk's rows (query token, head of the group) go to items of one register panel
     each (48 rows in 3 vectors on AVX-512, 16 in 2 on AVX2, 8 in 2 on the baseline), its
     rows modulo the panel to a first item of 1..3 vectors: chunks of 1 to 97 rows, after
-    contexts that end before, on and after a 256-key tile's end (0 to 767 keys)."""
+    contexts that end before, on and after a 256-key tile's end (0 to 767 keys); odd and
+    even key counts in every tile (bf16 dot products read keys in pairs)."""
     query_lens = [1, 5, 11, 13, 20, 29, 40, 45, 48, 53, 97]
     contexts = [767, 0, 250, 3, 256, 511, 60, 255, 100, 512, 7]
     batch = make_batch(
@@ -295,7 +308,7 @@ def test_cpu_prefill_items_of_every_lane_count_match_torch(seed, group, backend)
         num_heads=2 * group,
         num_kv_heads=2,
         head_dim=32,
-        dtype=torch.float32,
+        dtype=dtype,
         device=device_of(backend),
     )
     check_attention(batch, seed, backend)

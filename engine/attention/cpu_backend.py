@@ -13,6 +13,7 @@ import torch
 
 from kvserve.engine import cpu_library
 from kvserve.engine.attention.torch_backend import TorchAttention
+from kvserve.engine.models import dpbf16_linear
 from kvserve.engine.models.fused_ops import rows_of_heads
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -21,12 +22,17 @@ DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 class CPUAttention(TorchAttention):
     """``TorchAttention`` with cache writes, decode tokens and prefill chunks handled by the
     C kernels, on ``isa`` (default: the widest SIMD path this CPU runs) and torch's intra-op
-    thread count."""
+    thread count. ``bf16_dots``: bf16 prefill chunks take AVX-512-BF16 dot products for both
+    products (default: wherever they run, the AVX-512 path of a CPU with AVX-512-BF16)."""
 
     name = "cpu"
 
-    def __init__(self, isa: str | None = None) -> None:
+    def __init__(self, isa: str | None = None, bf16_dots: bool | None = None) -> None:
         self.isa = isa or cpu_library.default_isa()
+        if bf16_dots is None:
+            cpu = torch.device("cpu")
+            bf16_dots = self.isa == "avx512" and dpbf16_linear.can_use(torch.bfloat16, cpu)
+        self.bf16_dots = bf16_dots
 
     def store_kv(self, key, value, key_cache, value_cache, slot_mapping):
         if not (
@@ -93,6 +99,7 @@ class CPUAttention(TorchAttention):
             *_geometry(query, key_cache, tables),
             scale,
             DTYPES[query.dtype],
+            int(self.bf16_dots and query.dtype == torch.bfloat16),
         )
 
     def _run(self, kernel: str, *args) -> None:

@@ -15,11 +15,16 @@
  * vdpbf16ps per row, column block and k pair), and the item's tiles share the fetching of its
  * next group while they read the current one.
  *
+ * The same register tile, with float32 sums kept or added to, gives paged prefill attention
+ * its two products on bf16 (cpu_prefill_isa.h): dp_rows() over panels of query lanes in
+ * pairs, which dp_pairs() makes of float32 rows.
+ *
  * dpbf16_usable(): 1 where the CPU has AVX-512 F, BW, VL and BF16, else 0. */
 #include <stdint.h>
 #include <string.h>
 
 #include "cpu_common.h"
+#include "cpu_dpbf16.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -37,23 +42,29 @@ int dpbf16_usable(void) {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
 
-/* out[r][0, 16 blocks) = x[r] · the group's columns (+ bias) for `rows` rows and `blocks`
- * column blocks (constants once inlined), the sums in registers over all k pairs. prefetch,
+/* out[r][0, 16 blocks) = x[r] · the group's columns for `rows` rows and `blocks` column
+ * blocks (constants once inlined, as are the flags), the sums in registers over all k pairs;
+ * block c's pair i is the 64 bytes at group + c * block_stride + i * pair_stride. out_f32:
+ * float32 sums, added to out's if accumulate; else (+ bias) rounded to bf16 once. prefetch,
  * if not NULL, is this tile's share of the next group: pf_step bytes of it with each pair. */
 static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_t x_stride,
                                                        const uint16_t *group,
-                                                       int64_t block_stride, int pairs,
-                                                       int rows, int blocks, uint16_t *out,
+                                                       int64_t block_stride,
+                                                       int64_t pair_stride, int pairs,
+                                                       int rows, int blocks, void *out,
                                                        int64_t out_stride, const float *bias,
-                                                       const char *prefetch, int pf_step) {
+                                                       const char *prefetch, int pf_step,
+                                                       int out_f32, int accumulate) {
     __m512 acc[MR][GROUP];
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < blocks; c++) acc[r][c] = _mm512_setzero_ps();
+        for (int c = 0; c < blocks; c++)
+            acc[r][c] = accumulate ? _mm512_loadu_ps((float *)out + r * out_stride + 16 * c)
+                                   : _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int i = 0; i < pairs; i++) {
         __m512bh b[GROUP];
         for (int c = 0; c < blocks; c++) {
-            b[c] = (__m512bh)_mm512_loadu_si512(group + c * block_stride + 32 * (int64_t)i);
+            b[c] = (__m512bh)_mm512_loadu_si512(group + c * block_stride + pair_stride * i);
             __asm__("" : "+v"(b[c])); /* in a register: not reloaded for every row */
         }
         if (prefetch != NULL)
@@ -67,9 +78,14 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_
         }
     }
     for (int c = 0; c < blocks; c++) {
+        if (out_f32) {
+            for (int r = 0; r < rows; r++)
+                _mm512_storeu_ps((float *)out + r * out_stride + 16 * c, acc[r][c]);
+            continue;
+        }
         const __m512 add = bias != NULL ? _mm512_loadu_ps(bias + 16 * c) : _mm512_setzero_ps();
         for (int r = 0; r < rows; r++)
-            _mm256_storeu_si256((__m256i *)(out + r * out_stride + 16 * c),
+            _mm256_storeu_si256((__m256i *)((uint16_t *)out + r * out_stride + 16 * c),
                                 (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][c], add)));
     }
 }
@@ -81,8 +97,8 @@ static void run_tile(const uint16_t *x, int64_t x_stride, const uint16_t *group,
     switch (blocks * 16 + rows) {
 #define TILE(r, b)                                                                            \
     case (b) * 16 + (r):                                                                      \
-        tile(x, x_stride, group, block_stride, pairs, r, b, out, out_stride, bias, prefetch, \
-             pf_step);                                                                        \
+        tile(x, x_stride, group, block_stride, 32, pairs, r, b, out, out_stride, bias,       \
+             prefetch, pf_step, 0, 0);                                                        \
         break;
 #define BLOCKS(b) \
     TILE(1, b) TILE(2, b) TILE(3, b) TILE(4, b) TILE(5, b) TILE(6, b) TILE(7, b) TILE(8, b)
@@ -90,6 +106,39 @@ static void run_tile(const uint16_t *x, int64_t x_stride, const uint16_t *group,
 #undef BLOCKS
 #undef TILE
     }
+}
+
+void dp_rows(const uint16_t *x, int64_t x_stride, const uint16_t *panel, int lanes, int pairs,
+             int rows, int vecs, float *out, int accumulate) {
+    switch (vecs * 32 + rows * 2 + accumulate) {
+#define TILE(r, v, acc)                                                                       \
+    case (v) * 32 + (r) * 2 + (acc):                                                          \
+        tile(x, x_stride, panel, 32, 2 * (int64_t)lanes, pairs, r, v, out, lanes, NULL, NULL, \
+             0, 1, acc);                                                                      \
+        break;
+#define ROWS(v, acc)                                                                    \
+    TILE(1, v, acc) TILE(2, v, acc) TILE(3, v, acc) TILE(4, v, acc) TILE(5, v, acc) \
+        TILE(6, v, acc) TILE(7, v, acc) TILE(8, v, acc)
+        ROWS(1, 0) ROWS(2, 0) ROWS(3, 0) ROWS(1, 1) ROWS(2, 1) ROWS(3, 1)
+#undef ROWS
+#undef TILE
+    }
+}
+
+void dp_pairs(const float *rows, int count, int lanes, int vecs, uint16_t *pairs) {
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                           24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17,
+                                           1, 16, 0);
+    for (int i = 0; 2 * i < count; i++)
+        for (int c = 0; c < vecs; c++) {
+            const __m512 even = _mm512_loadu_ps(rows + 2 * i * (int64_t)lanes + 16 * c);
+            const __m512 odd = 2 * i + 1 < count
+                                   ? _mm512_loadu_ps(rows + (2 * i + 1) * (int64_t)lanes + 16 * c)
+                                   : _mm512_setzero_ps();
+            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(odd, even);
+            _mm512_storeu_si512(pairs + 2 * i * (int64_t)lanes + 32 * c,
+                                _mm512_permutexvar_epi16(order, both));
+        }
 }
 
 int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias, uint16_t *out,
@@ -122,6 +171,11 @@ int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias,
 
 #else
 int dpbf16_usable(void) { return 0; }
+
+void dp_rows(const uint16_t *x, int64_t x_stride, const uint16_t *panel, int lanes, int pairs,
+             int rows, int vecs, float *out, int accumulate) {}
+
+void dp_pairs(const float *rows, int count, int lanes, int vecs, uint16_t *pairs) {}
 
 int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias, uint16_t *out,
                    int m, int n, int k, int64_t x_stride, int num_threads) {

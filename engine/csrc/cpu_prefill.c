@@ -7,7 +7,8 @@
  * [query_starts[s], query_starts[s] + query_lens[s]), at positions from seq_lens[s] -
  * query_lens[s] on; caches: [num_blocks, block_size, num_kv_heads, head_dim]; tables:
  * [num_seqs, table_stride] int32. Elements are float32 or bfloat16 bits (is_bf16).
- * head_dim must be a multiple of 16.
+ * head_dim must be a multiple of 16. bf16_dots (bf16 on the AVX-512 path of a CPU with
+ * AVX-512-BF16 only): both products as bf16 dot products (cpu_prefill_isa.h).
  *
  * Two phases on OpenMP threads (torch's, see cpu_decode.c). First every sequence's keys and
  * values are packed once, per kv head, into float32 tiles of KEY_TILE keys (the values
@@ -19,13 +20,14 @@
  * the most keys first, stream those tiles through that register tile with the rows in its
  * lanes (cpu_prefill_isa.h). Tiles of 256 keys, not 64: the work done once a tile (the
  * outputs' rescale, the products' loads and stores of their sums) spread over more keys.
- * Returns 0, -1 for an ISA this CPU lacks or a head_dim it does not take, -2 if memory ran
- * out.
+ * Returns 0, -1 for an ISA this CPU lacks, a head_dim it does not take or bf16_dots where
+ * they cannot run, -2 if memory ran out.
  */
 #include <math.h>
 #include <stdlib.h>
 
 #include "cpu_common.h"
+#include "cpu_dpbf16.h"
 #include "cpu_workspace.h"
 
 #define KEY_TILE 256
@@ -38,7 +40,7 @@ struct prefill_args {
     const int32_t *tables, *seq_lens, *query_starts, *query_lens;
     const int *first_tiles; /* sequence s's packed tiles start at tile first_tiles[s] */
     void *out;
-    int num_heads, num_kv_heads, head_dim, block_size, table_stride, is_bf16;
+    int num_heads, num_kv_heads, head_dim, block_size, table_stride, is_bf16, bf16_dots;
     float scale;
 };
 
@@ -65,9 +67,10 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
                   const int32_t *tables, const int32_t *seq_lens, const int32_t *query_starts,
                   const int32_t *query_lens, void *out, int num_seqs, int num_heads,
                   int num_kv_heads, int head_dim, int block_size, int table_stride, float scale,
-                  int is_bf16, int num_threads, int isa) {
+                  int is_bf16, int bf16_dots, int num_threads, int isa) {
     if (head_dim % 16 != 0) return -1;
     if (!isa_usable(isa)) return -1;
+    if (bf16_dots && !(is_bf16 && isa == ISA_AVX512 && dpbf16_usable())) return -1;
     const pack_tile_fn pack = PICK(pack_tile, isa);
     const prefill_item_fn item = PICK(prefill_item, isa);
     const int item_rows = PICK(item_rows, isa)(), group = num_heads / num_kv_heads;
@@ -109,10 +112,11 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
     const struct prefill_args a = {q,         key_cache,    value_cache, tables,
                                    seq_lens,  query_starts, query_lens,  first_tiles,
                                    out,       num_heads,    num_kv_heads, head_dim,
-                                   block_size, table_stride, is_bf16,    scale};
-    /* an item's queries and outputs transposed and one tile's scores; first, a tile's values
-     * on their way to being transposed */
-    const size_t item_floats = (2 * (size_t)head_dim + KEY_TILE) * item_rows;
+                                   block_size, table_stride, is_bf16,    bf16_dots,
+                                   scale};
+    /* an item's queries and outputs transposed, one tile's scores and their bf16 pairs; first,
+     * a tile's values on their way to being transposed */
+    const size_t item_floats = (2 * (size_t)head_dim + KEY_TILE + KEY_TILE / 2) * item_rows;
     const size_t pack_floats = (size_t)KEY_TILE * head_dim;
     const size_t scratch_floats = item_floats > pack_floats ? item_floats : pack_floats;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)

@@ -5,7 +5,11 @@
  * - scores S^T [keys][NR] = K · Q^T, the key tile's rows as the tile's x and the item's
  *   queries, transposed, as its panel (k = head_dim);
  * - the output O^T [head_dim][NR] += V^T · P^T, the transposed values as x and the
- *   probabilities as the panel (k = the tile's keys), accumulated across key tiles. */
+ *   probabilities as the panel (k = the tile's keys), accumulated across key tiles.
+ * With bf16_dots (AVX-512 only) both products are AVX-512-BF16 dot products instead
+ * (cpu_dpbf16.h): keys, values and queries stay bf16 (tiles and panels of pairs), the scores
+ * are scaled after their product, and the probabilities are rounded to bf16 for the second,
+ * as GPU flash attention rounds them; the softmax's sums stay float32. */
 #include "cpu_exp_isa.h"
 #include "cpu_tile_isa.h"
 
@@ -14,20 +18,24 @@ static int FN(item_rows)(void) { return NR; }
 
 /* Packs key tile `tile` of one kv head of sequence s (keys from KEY_TILE * tile on, up to
  * the sequence's last) into kp [KEY_TILE][head_dim] and vt [head_dim][KEY_TILE]
- * (transposed: the output's rows are the value dims), as float32; nothing past the last key
- * (no item reads it). Each cache row is copied whole (a vector copy or conversion), the
+ * (transposed: the output's rows are the value dims), as float32, or with bf16_dots as bf16
+ * with an odd count's next value 0 (the dot products read keys in pairs); nothing past
+ * that (no item reads it). Each cache row is copied whole (a vector copy or conversion), the
  * values into `buffer` (KEY_TILE * head_dim floats), transposed from there into vt. */
 static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int tile, float *kp,
                           float *buffer) {
     const int hd = a->head_dim, row_len = a->num_kv_heads * hd;
     const int32_t *table = a->tables + (int64_t)s * a->table_stride;
     const int left = a->seq_lens[s] - tile * KEY_TILE, keys = left < KEY_TILE ? left : KEY_TILE;
-    float *vt = kp + hd * KEY_TILE;
     for (int j = 0; j < keys; j++) {
         const int64_t offset = row_offset(table, tile * KEY_TILE + j, a->block_size, row_len) +
                                (int64_t)kv_head * hd;
         float *k = kp + j * hd, *v = buffer + j * hd;
-        if (a->is_bf16) {
+        if (a->bf16_dots) {
+            const size_t bytes = sizeof(uint16_t) * hd;
+            memcpy((uint16_t *)kp + j * hd, (const uint16_t *)a->key_cache + offset, bytes);
+            memcpy((uint16_t *)buffer + j * hd, (const uint16_t *)a->value_cache + offset, bytes);
+        } else if (a->is_bf16) {
             const uint16_t *kb = (const uint16_t *)a->key_cache + offset;
             const uint16_t *vb = (const uint16_t *)a->value_cache + offset;
             for (int d = 0; d < hd; d++) k[d] = bf16_to_f32(kb[d]);
@@ -37,6 +45,16 @@ static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int 
             memcpy(v, (const float *)a->value_cache + offset, sizeof(float) * hd);
         }
     }
+    if (a->bf16_dots) {
+        uint16_t *vt = (uint16_t *)(kp + hd * KEY_TILE); /* where the float32 tile has it */
+        const uint16_t *rows = (const uint16_t *)buffer;
+        for (int d = 0; d < hd; d++) {
+            for (int j = 0; j < keys; j++) vt[d * KEY_TILE + j] = rows[j * hd + d];
+            if (keys % 2 != 0) vt[d * KEY_TILE + keys] = 0;
+        }
+        return;
+    }
+    float *vt = kp + hd * KEY_TILE;
     for (int d = 0; d < hd; d++)
         for (int j = 0; j < keys; j++) vt[d * KEY_TILE + j] = buffer[j * hd + d];
 }
@@ -70,7 +88,8 @@ static void FN(panel_rows)(const float *x, int64_t x_stride, const float *panel,
  * r % group of kv head kv_head's group) in the first `vecs` vectors of lanes (a constant
  * once inlined) against its packed key tiles, with an online softmax per lane; each key tile
  * is cut at the last key the item's last row sees. Scratch: the queries and outputs
- * transposed, [head_dim][NR] each, and one tile's scores, [KEY_TILE][NR]. */
+ * transposed, [head_dim][NR] each (with bf16_dots the queries as a panel of dim pairs), one
+ * tile's scores, [KEY_TILE][NR], and with bf16_dots their panel of key pairs. */
 static inline __attribute__((always_inline)) void FN(item_lanes)(const struct prefill_args *a,
                                                                  const float *packed, int s,
                                                                  int kv_head, int row0, int rows,
@@ -79,12 +98,21 @@ static inline __attribute__((always_inline)) void FN(item_lanes)(const struct pr
     const int lanes = vecs * VEC;
     const int first_pos = a->seq_lens[s] - q_len; /* the chunk's first query's position */
     float *qt = scratch, *st = qt + hd * NR, *ot = st + KEY_TILE * NR;
+    uint16_t *pairs = (uint16_t *)(ot + hd * NR); /* bf16_dots: P^T's panel */
+    const int dots = a->bf16_dots;
     int visible_end[NR]; /* keys below it are visible to the lane's row (none to padding) */
     for (int c = 0; c < lanes; c++) {
         const int r = row0 + c;
         const int64_t offset = row_element(a, s, kv_head, r);
-        for (int d = 0; d < hd; d++)
-            qt[d * NR + c] = c < rows ? load(a->q, offset + d, a->is_bf16) * a->scale : 0.0f;
+        if (dots) /* dim pair i of the row: one 32-bit word of its bf16 query */
+            for (int i = 0; i < hd / 2; i++) {
+                uint32_t pair = 0;
+                if (c < rows) memcpy(&pair, (const uint16_t *)a->q + offset + 2 * i, sizeof pair);
+                memcpy(qt + i * NR + c, &pair, sizeof pair);
+            }
+        else
+            for (int d = 0; d < hd; d++)
+                qt[d * NR + c] = c < rows ? load(a->q, offset + d, a->is_bf16) * a->scale : 0.0f;
         visible_end[c] = c < rows ? first_pos + r / group + 1 : 0;
     }
     for (int d = 0; d < hd; d++) memset(ot + d * NR, 0, sizeof(float) * lanes);
@@ -102,20 +130,28 @@ static inline __attribute__((always_inline)) void FN(item_lanes)(const struct pr
         const float *kp = tiles + ((int64_t)(t0 / KEY_TILE) * a->num_kv_heads + kv_head) * tile_floats;
         const float *vt = kp + (int64_t)hd * KEY_TILE;
         const int keys = last_end - t0 < KEY_TILE ? last_end - t0 : KEY_TILE;
-        for (int j = 0; j < keys; j += MR)
-            FN(panel_rows)(kp + (int64_t)j * hd, hd, qt, hd, keys - j < MR ? keys - j : MR, vecs,
-                           st + j * NR, 0);
+        for (int j = 0; j < keys; j += MR) {
+            const int count = keys - j < MR ? keys - j : MR;
+            if (dots)
+                dp_rows((const uint16_t *)kp + (int64_t)j * hd, hd, (const uint16_t *)qt, NR,
+                        hd / 2, count, vecs, st + j * NR, 0);
+            else
+                FN(panel_rows)(kp + (int64_t)j * hd, hd, qt, hd, count, vecs, st + j * NR, 0);
+        }
+        const vec scale = (vec){0} + a->scale;
         vec tile_max[NR_VECS];
         for (int c = 0; c < vecs; c++) tile_max[c] = row_max[c];
         for (int j = 0; j < keys; j++)
             for (int c = 0; c < vecs; c++) {
                 vec x;
                 LOADV(x, st + j * NR + VEC * c);
+                if (dots) /* the queries went in unscaled */
+                    x *= scale;
                 if (t0 + keys > first_end) { /* a tile some row sees only in part */
                     const veci hidden = ((veci){0} + (t0 + j)) >= ends[c];
                     x = (vec)(((veci)x & ~hidden) | ((veci)((vec){0} + MASKED) & hidden));
-                    STOREV(st + j * NR + VEC * c, x);
                 }
+                if (dots || t0 + keys > first_end) STOREV(st + j * NR + VEC * c, x);
                 const veci above = x > tile_max[c];
                 tile_max[c] = (vec)(((veci)x & above) | ((veci)tile_max[c] & ~above));
             }
@@ -140,9 +176,16 @@ static inline __attribute__((always_inline)) void FN(item_lanes)(const struct pr
                 sum[c] += x;
             }
         for (int c = 0; c < vecs; c++) row_sum[c] += sum[c];
-        for (int d = 0; d < hd; d += MR)
-            FN(panel_rows)(vt + (int64_t)d * KEY_TILE, KEY_TILE, st, keys,
-                           hd - d < MR ? hd - d : MR, vecs, ot + d * NR, 1);
+        if (dots) dp_pairs(st, keys, NR, vecs, pairs);
+        for (int d = 0; d < hd; d += MR) {
+            const int count = hd - d < MR ? hd - d : MR;
+            if (dots)
+                dp_rows((const uint16_t *)vt + (int64_t)d * KEY_TILE, KEY_TILE, pairs, NR,
+                        (keys + 1) / 2, count, vecs, ot + d * NR, 1);
+            else
+                FN(panel_rows)(vt + (int64_t)d * KEY_TILE, KEY_TILE, st, keys, count, vecs,
+                               ot + d * NR, 1);
+        }
     }
     float inv[NR];
     for (int c = 0; c < vecs; c++) STOREV(inv + VEC * c, 1.0f / row_sum[c]);
