@@ -11,8 +11,8 @@
  * AVX-512-BF16 only): both products as bf16 dot products (cpu_prefill_isa.h).
  *
  * Two phases on OpenMP threads (torch's, see cpu_decode.c). First every sequence's keys and
- * values are packed once, per kv head, into float32 tiles of KEY_TILE keys (the values
- * transposed), in one buffer of 8 * head_dim * num_kv_heads bytes per key (every sequence's
+ * values are packed once, per kv head, into float32 tiles of KEY_TILE keys (bf16 with
+ * bf16_dots; the values transposed), in one buffer of 8 * head_dim * num_kv_heads bytes per key (every sequence's
  * whole context, rounded up to a tile; the calling thread's workspace, cpu_workspace.c): read
  * and converted once, not once per item.
  * Then the work items, (sequence, kv head, up to one panel of the linear kernel's register

@@ -27,22 +27,21 @@ static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int 
     const int hd = a->head_dim, row_len = a->num_kv_heads * hd;
     const int32_t *table = a->tables + (int64_t)s * a->table_stride;
     const int left = a->seq_lens[s] - tile * KEY_TILE, keys = left < KEY_TILE ? left : KEY_TILE;
+    const int widen = a->is_bf16 && !a->bf16_dots; /* else rows are copied as stored */
+    const size_t width = a->is_bf16 ? sizeof(uint16_t) : sizeof(float), row_bytes = width * hd;
     for (int j = 0; j < keys; j++) {
         const int64_t offset = row_offset(table, tile * KEY_TILE + j, a->block_size, row_len) +
                                (int64_t)kv_head * hd;
-        float *k = kp + j * hd, *v = buffer + j * hd;
-        if (a->bf16_dots) {
-            const size_t bytes = sizeof(uint16_t) * hd;
-            memcpy((uint16_t *)kp + j * hd, (const uint16_t *)a->key_cache + offset, bytes);
-            memcpy((uint16_t *)buffer + j * hd, (const uint16_t *)a->value_cache + offset, bytes);
-        } else if (a->is_bf16) {
+        if (widen) {
             const uint16_t *kb = (const uint16_t *)a->key_cache + offset;
             const uint16_t *vb = (const uint16_t *)a->value_cache + offset;
+            float *k = kp + j * hd, *v = buffer + j * hd;
             for (int d = 0; d < hd; d++) k[d] = bf16_to_f32(kb[d]);
             for (int d = 0; d < hd; d++) v[d] = bf16_to_f32(vb[d]);
         } else {
-            memcpy(k, (const float *)a->key_cache + offset, sizeof(float) * hd);
-            memcpy(v, (const float *)a->value_cache + offset, sizeof(float) * hd);
+            const int64_t at = offset * (int64_t)width;
+            memcpy((char *)kp + j * row_bytes, (const char *)a->key_cache + at, row_bytes);
+            memcpy((char *)buffer + j * row_bytes, (const char *)a->value_cache + at, row_bytes);
         }
     }
     if (a->bf16_dots) {
