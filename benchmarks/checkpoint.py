@@ -1,10 +1,17 @@
-"""The benchmark model: a random-weight, Llama-shaped checkpoint built on the fly.
+"""The benchmark models: random-weight checkpoints built on the fly, of two shapes.
 
-Hidden 768, 12 layers, 12 heads, MLP 2048, vocabulary 32000, untied head: 134M parameters,
-the model of shared/ML-NOTES.md. The tokenizer is a word-level one over 32000 synthetic
-words, so that any token id decodes; prompts are token ids, never text.
+- ``llama-134m`` (the default, W1's model): Llama, hidden 768, 12 layers, 12 heads (no
+  grouping), MLP 2048, vocabulary 32000, untied head: 134M parameters, the model of
+  shared/ML-NOTES.md.
+- ``qwen2-0.5b``: Qwen2.5-0.5B's shape: hidden 896, 24 layers, 14 query heads sharing 2 KV
+  heads, MLP 4864, q/k/v biases, vocabulary 151936 tied to the input embedding: 494M
+  parameters, a model people serve on CPUs, whose LM head is a quarter of its weights.
+
+The tokenizer is a word-level one over the vocabulary's synthetic words, so that any token
+id decodes; prompts are token ids below 32000 (`PROMPT_IDS`), never text.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,9 +20,18 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
 
 VOCAB_SIZE = 32000
+"""The default shape's vocabulary; prompts of every shape use ids in `PROMPT_IDS`."""
+PROMPT_IDS = (2, VOCAB_SIZE - 1)
+"""The inclusive range prompts draw ids from: 0 and 1 are every shape's EOS and BOS."""
 EOS_TOKEN = "<|endoftext|>"
 MAX_POSITIONS = 2048
 
@@ -37,8 +53,32 @@ def llama_config(dtype: torch.dtype) -> LlamaConfig:
     )
 
 
-def save_tokenizer(directory: Path) -> None:
-    vocab = {EOS_TOKEN: 0, "<s>": 1} | {f"w{i}": i for i in range(2, VOCAB_SIZE)}
+def qwen2_config(dtype: torch.dtype) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_POSITIONS,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=0,
+        pad_token_id=0,
+        dtype=dtype,
+    )
+
+
+SHAPES: dict[str, Callable[[torch.dtype], PretrainedConfig]] = {
+    "llama-134m": llama_config,
+    "qwen2-0.5b": qwen2_config,
+}
+
+
+def save_tokenizer(directory: Path, vocab_size: int) -> None:
+    vocab = {EOS_TOKEN: 0, "<s>": 1} | {f"w{i}": i for i in range(2, vocab_size)}
     backend = Tokenizer(WordLevel(vocab, unk_token=EOS_TOKEN))
     backend.pre_tokenizer = WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(
@@ -59,16 +99,21 @@ class Checkpoint:
     """Weights of the output projection: only a sequence's last position multiplies by it."""
 
 
-def build_checkpoint(directory: Path, dtype: torch.dtype, seed: int = 0) -> Checkpoint:
-    """Write the random model in `dtype` and its tokenizer to `directory` (created)."""
+def build_checkpoint(
+    directory: Path, dtype: torch.dtype, seed: int = 0, shape: str = "llama-134m"
+) -> Checkpoint:
+    """Write the random model of `shape` in `dtype` and its tokenizer to `directory`
+    (created)."""
     directory.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(llama_config(dtype)).to(dtype)
+    config = SHAPES[shape](dtype)
+    model = AutoModelForCausalLM.from_config(config).to(dtype)
     model.save_pretrained(directory)
-    save_tokenizer(directory)
-    num_params = sum(p.numel() for p in model.parameters())
+    save_tokenizer(directory, config.vocab_size)
+    num_params = sum(p.numel() for p in model.parameters())  # a tied head counted once
     embedding = model.get_input_embeddings().weight
-    read = (num_params - embedding.numel()) * embedding.element_size()
+    untied = model.lm_head.weight is not embedding
+    read = (num_params - embedding.numel() * untied) * embedding.element_size()
     linears = sum(
         m.weight.numel() for m in model.model.layers.modules() if isinstance(m, nn.Linear)
     )

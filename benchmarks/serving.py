@@ -5,7 +5,8 @@
     python benchmarks/serving.py --kvserve --quick        # checks the plumbing, ~1 min
 
 ``--kvserve`` and ``--vllm VLLM`` start ``kvserve serve`` and ``vllm serve`` themselves on
-the same model (default: the 134M benchmark model of checkpoint.py), same dtype, same
+the same model (default: the 134M benchmark model of checkpoint.py, or another of its
+shapes with ``--shape``), same dtype, same
 max_model_len, same KV-cache budget, prefix caching on, one after the other (never both at
 once; each stopped with SIGTERM before the next starts, each with fresh cache directories).
 With ``--rounds N`` every target runs every workload N times, the targets taking turns
@@ -44,7 +45,7 @@ from pathlib import Path
 
 import aiohttp
 import torch
-from checkpoint import MAX_POSITIONS, VOCAB_SIZE, build_checkpoint
+from checkpoint import MAX_POSITIONS, SHAPES, VOCAB_SIZE, build_checkpoint
 from machine import cpu_flags, cpu_model, describe, loadavg
 from server_launch import command, environment, free_port, spawn, stop, vllm_version, wait_ready
 from serving_client import Record, prefix_cache_counts, stream_completion
@@ -136,7 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--vllm", metavar="VLLM", help="start `VLLM serve` (VLLM: vLLM's CLI) and run on it"
     )
-    p.add_argument("--model", type=Path, help="checkpoint (default: the 134M benchmark model)")
+    p.add_argument("--model", type=Path, help="checkpoint (default: one built of --shape)")
+    p.add_argument("--shape", choices=list(SHAPES), default="llama-134m", help="checkpoint.py's")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--max-model-len", type=int, help="default: the model's positions (servers "
                    "started here) or /v1/models' max_model_len (--url)")  # fmt: skip
@@ -436,8 +438,10 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="kvserve-serving-"))
     model = args.model
     if model is None and (args.kvserve or args.vllm):
-        model = build_checkpoint(workdir / "model-134m", DTYPES[args.dtype]).directory
-        model_text = "the 134M benchmark model (checkpoint.py: Llama, 12 layers, hidden 768)"
+        model = build_checkpoint(
+            workdir / f"model-{args.shape}", DTYPES[args.dtype], shape=args.shape
+        ).directory
+        model_text = f"checkpoint.py's {args.shape} (random weights)"
     else:
         model_text = str(model) if model else "as served"
     vocab, positions = model_facts(model) if model else (VOCAB_SIZE, MAX_POSITIONS)

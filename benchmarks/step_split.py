@@ -1,7 +1,7 @@
 """Where kvserve's offline wall time goes: W1 (throughput.py's workload) run once, timed by
 step phase and, with --kernels, by C kernel.
 
-    python benchmarks/step_split.py [--dtype bf16] [--kernels] [--model DIR] [--quick]
+    python benchmarks/step_split.py [--dtype bf16] [--kernels] [--shape S | --model DIR] [--quick]
 
 Phases: the scheduler's `schedule` and `update`, the runner's input preparation, the model's
 forward in prefill steps (a chunk longer than one token) and in decode-only steps, the LM
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from checkpoint import build_checkpoint
+from checkpoint import SHAPES, build_checkpoint
 from throughput import DTYPES, Workload
 
 from kvserve import LLM, SamplingParams
@@ -113,14 +113,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--kernels", action="store_true", help="time every C kernel call (eager)")
-    p.add_argument("--model", type=Path, help="checkpoint (default: the 134M benchmark model)")
+    p.add_argument("--model", type=Path, help="checkpoint (default: one built of --shape)")
+    p.add_argument("--shape", choices=list(SHAPES), default="llama-134m", help="checkpoint.py's")
     p.add_argument("--quick", action="store_true", help="8 requests, 16 output tokens")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     n, max_tokens = (8, 16) if args.quick else (64, 128)
     workload = Workload.random(n, 32, 512, max_tokens, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or build_checkpoint(Path(tmp) / "model", DTYPES[args.dtype]).directory
+        model = (
+            args.model
+            or build_checkpoint(Path(tmp) / "model", DTYPES[args.dtype], shape=args.shape).directory
+        )
         wall, split = run(model, args.dtype, workload, args.kernels)
     print(f"{args.dtype}: {wall:.2f} s, {n * max_tokens / wall:.1f} out tok/s")
     print("\n".join(table(split, wall)))

@@ -1,12 +1,14 @@
 """Offline throughput of kvserve against transformers and vLLM on one random-weight model.
 
     python benchmarks/throughput.py [--dtype bf16 fp32] [--vllm VLLM_PYTHON] [--rounds N] [--quick]
+                                    [--shape qwen2-0.5b]
 
 Workload: 64 requests, prompt lengths uniform in 32–512 (seeded random token ids, the same
 for every engine), 128 output tokens each, greedy, EOS ignored, prefix caching off. Each
 engine runs in a process of its own, --rounds times, the engines taking turns in every
 round (a shared machine drifts by ±15 % within minutes: a ratio of two runs minutes apart
-is noise, the median of paired rounds is not); the table goes to stdout and to --out. See
+is noise, the median of paired rounds is not); the table goes to stdout and to --out. The
+model is checkpoint.py's 134M Llama (W1) or, with --shape, another of its shapes. See
 README.md.
 """
 
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from checkpoint import Checkpoint, build_checkpoint
+from checkpoint import PROMPT_IDS, SHAPES, Checkpoint, build_checkpoint
 from machine import copy_bandwidth_gbs, describe, load_average, matmul_gflops
 
 HERE = Path(__file__).resolve().parent
@@ -49,7 +51,7 @@ class Workload:
         rng = random.Random(seed)
         lengths = [rng.randint(min_len, max_len) for _ in range(n)]
         # Ids 0 and 1 are the checkpoint's EOS and BOS: prompts use neither.
-        return cls([[rng.randint(2, 31999) for _ in range(k)] for k in lengths], max_tokens)
+        return cls([[rng.randint(*PROMPT_IDS) for _ in range(k)] for k in lengths], max_tokens)
 
     @property
     def prompt_tokens(self) -> int:
@@ -63,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm", metavar="PYTHON", help="python of vLLM's own venv (else skipped)")
     p.add_argument("--vllm-threads-bind", default=f"0-{os.cpu_count() - 1}")
     p.add_argument("--vllm-kvcache-gib", default="4")
+    p.add_argument("--shape", choices=list(SHAPES), default="llama-134m", help="the model")
     p.add_argument("--quick", action="store_true", help="8 requests, 16 output tokens")
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--min-prompt", type=int, default=32)
@@ -116,15 +119,15 @@ def prepare_dtype(
     dtype: str, workload: Workload, args: argparse.Namespace, workdir: Path
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The checkpoint, the floors' measurements and the runners' spec for one dtype."""
-    ckpt = build_checkpoint(workdir / f"model-{dtype}", DTYPES[dtype], seed=args.seed)
+    ckpt = build_checkpoint(workdir / f"model-{dtype}", DTYPES[dtype], args.seed, args.shape)
     rng = random.Random(args.seed + 1)
     spec = {
         "model": str(ckpt.directory),
         "dtype": {"bf16": "bfloat16", "fp32": "float32"}[dtype],
         "prompts": workload.prompts,
         "max_tokens": workload.max_tokens,
-        "warmup_prompts": [[rng.randint(2, 31999) for _ in range(n)] for n in (40, 90, 200)],
-        "single_prompt": [rng.randint(2, 31999) for _ in range(128)],
+        "warmup_prompts": [[rng.randint(*PROMPT_IDS) for _ in range(n)] for n in (40, 90, 200)],
+        "single_prompt": [rng.randint(*PROMPT_IDS) for _ in range(128)],
         "decode_steps": 32,
         "batch_size": args.batch_size,
         "max_model_len": 1024,
@@ -262,7 +265,8 @@ def report(
         f"Workload: {len(workload.prompts)} requests, prompt lengths {args.min_prompt}–"
         f"{args.max_prompt} (seed {args.seed}; {workload.prompt_tokens} prompt tokens), "
         f"{workload.max_tokens} output tokens each, greedy, EOS ignored, prefix caching off; "
-        f"random Llama, {ckpt.num_params / 1e6:.1f}M parameters. Static batches: "
+        f"random {args.shape} (checkpoint.py), {ckpt.num_params / 1e6:.1f}M parameters. "
+        "Static batches: "
         f"{args.batch_size} requests in arrival order. Wall time after a short warm-up. "
         f"Rounds: {args.rounds}, each engine once a round in the order of the table; medians "
         "over rounds, and the ratio as the median of each round's own ratio.",
