@@ -39,7 +39,7 @@ ISAS = {"baseline": 0, "avx2": 1, "avx512": 2}
 _P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
 SIGNATURES = {
     "best_isa": [],
-    "paged_decode": [_P] * 6 + [_L] + [_I] * 6 + [_F] + [_I] * 3,
+    "paged_decode": [_P] * 6 + [_L] + [_I] * 6 + [_F] + [_I] * 4,
     "paged_prefill": [_P] * 8 + [_I] * 6 + [_F] + [_I] * 4,
     "add_rms_norm": [_P] * 4 + [_I] * 3 + [_L, _F] + [_I] * 3,
     "silu_and_mul": [_P] * 2 + [_I] * 5,

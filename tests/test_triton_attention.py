@@ -227,20 +227,49 @@ def test_decode_batch_matches_torch(seed, gqa, dtype, backend):
 
 @pytest.mark.parametrize("backend", CPU_PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_cpu_decode_reads_the_queries_in_place_in_the_qkv_rows(seed, dtype, backend):
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, head_dim", [(5, 1, 64), (14, 2, 80), (16, 2, 128), (12, 3, 32)]
+)
+def test_cpu_decode_of_large_groups_matches_torch(
+    seed, num_heads, num_kv_heads, head_dim, dtype, backend
+):
+    """Groups of 4 to 8 query heads on a kv head; from 5 on, bf16 decode tokens take the
+    AVX-512-BF16 dot products (cpu_decode_isa.h, decode_dots) where the backend has them:
+    contexts of 1 token to past two 48-key panels, odd ones leaving their last pair of
+    values half empty; head_dim 80 packs 40 pairs of dims, not a multiple of 16."""
+    batch = make_batch(
+        [1] * 6,
+        [1, 17, 47, 50, 97, 130],
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        shared={3: (2, 2)},
+        device=device_of(backend),
+    )
+    check_attention(batch, seed, backend)
+
+
+@pytest.mark.parametrize("backend", CPU_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(8, 4), (10, 2)])
+def test_cpu_decode_reads_the_queries_in_place_in_the_qkv_rows(
+    seed, num_heads, num_kv_heads, dtype, backend
+):
     """Queries as the fused qkv projection leaves them (each row's q, k and v side by side,
-    so rows are strided): the same output as from a contiguous copy, bit for bit."""
+    so rows are strided): the same output as from a contiguous copy, bit for bit (groups of
+    2, and of 5, which bf16's dot products take)."""
     batch = make_batch(
         [1] * 5,
         [1, 17, 130, 64, 200],
-        num_heads=8,
-        num_kv_heads=4,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
         head_dim=64,
         dtype=dtype,
         device=device_of(backend),
     )
     tokens, heads, head_dim = batch.query.shape
-    qkv = torch.randn(tokens, (heads + 2 * 4) * head_dim).to(dtype)
+    qkv = torch.randn(tokens, (heads + 2 * num_kv_heads) * head_dim).to(dtype)
     qkv[:, : heads * head_dim] = batch.query.flatten(1)
     strided = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
     assert not strided.is_contiguous()
@@ -254,7 +283,7 @@ def test_cpu_decode_reads_the_queries_in_place_in_the_qkv_rows(seed, dtype, back
 
 @pytest.mark.parametrize("backend", CPU_PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("gqa", [1, 2])
+@pytest.mark.parametrize("gqa", [1, 2, 6])
 def test_cpu_decode_splits_the_contexts_of_few_sequences_across_threads(seed, gqa, dtype, backend):
     """With few tokens per thread each context longer than 128 tokens is split into equal
     ranges whose partial softmax sums are merged: on 1-4 threads the 1,000-token context

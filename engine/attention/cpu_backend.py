@@ -22,8 +22,9 @@ DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 class CPUAttention(TorchAttention):
     """``TorchAttention`` with cache writes, decode tokens and prefill chunks handled by the
     C kernels, on ``isa`` (default: the widest SIMD path this CPU runs) and torch's intra-op
-    thread count. ``bf16_dots``: bf16 prefill chunks take AVX-512-BF16 dot products for both
-    products (default: wherever they run, the AVX-512 path of a CPU with AVX-512-BF16)."""
+    thread count. ``bf16_dots``: bf16 prefill chunks, and decode tokens of models whose kv
+    heads are grouped, take AVX-512-BF16 dot products for both products (default: wherever
+    they run, the AVX-512 path of a CPU with AVX-512-BF16)."""
 
     name = "cpu"
 
@@ -75,6 +76,7 @@ class CPUAttention(TorchAttention):
             *_geometry(query, key_cache, tables),
             scale,
             DTYPES[query.dtype],
+            int(self.bf16_dots and query.dtype == torch.bfloat16),
         )
         return out
 

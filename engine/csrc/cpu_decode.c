@@ -1,5 +1,7 @@
 /* Paged decode attention for the CPU: one query token per sequence, keys and values read
- * in place from the block-paged cache (no gather), fp32 math.
+ * in place from the block-paged cache (no gather), fp32 math; or, with bf16_dots (bf16 on
+ * the AVX-512 path of a CPU with AVX-512-BF16) for groups of DOTS_MIN_GROUP query heads or
+ * more on a kv head, bf16 dot products (decode_dots, cpu_decode_isa.h).
  *
  * q: num_seqs rows of [num_heads, head_dim], q_stride elements apart (a view of the qkv
  * projection's output, say); out: [num_seqs, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads,
@@ -20,6 +22,7 @@
 #include <stdlib.h>
 
 #include "cpu_common.h"
+#include "cpu_dpbf16.h"
 #include "cpu_workspace.h"
 
 struct decode_args {
@@ -28,6 +31,7 @@ struct decode_args {
     void *out;
     int64_t q_stride; /* elements from one sequence's query row to the next */
     int num_seqs, num_heads, num_kv_heads, head_dim, block_size, table_stride, is_bf16;
+    int bf16_dots; /* grouped kv heads take decode_dots (cpu_decode_isa.h) */
     float scale;
 };
 
@@ -39,6 +43,17 @@ struct decode_args {
  * of 32, 64 and 128); and the most ranges of one context. */
 #define MIN_SPAN 128
 #define MAX_RANGES 64
+/* decode_dots: the least group it takes (alone, 64 sequences of 96-576 tokens: groups of
+ * 5-8 1.2-1.8x faster than decode_pass, 4 level, 2-3 up to 1.2x slower where kv heads are
+ * many; benchmarks/cpu-levers.md, lever 27), keys packed at a time (three vectors of 16,
+ * dp_rows' widest panel), the most rows of one dp_rows call, and the floats of its
+ * scratch. */
+#define DOTS_MIN_GROUP 5
+#define DOT_KEYS 48
+#define MR_DOTS 8
+#define DOTS_SCRATCH(heads, kv_heads, len, hd)                                             \
+    ((size_t)(heads) * ((len) + 1) * 3 / 2 + 1 + (size_t)(heads) * (hd) + MR_DOTS * DOT_KEYS + \
+     (size_t)DOT_KEYS * (kv_heads) * (hd) / 2)
 
 /* Into L2 (locality 1), not L1: on an AMD EPYC Zen 4 the L1 prefetches held up the loads
  * of the rows in use (bf16 1.3-1.6x slower, fp32 1.1-1.3x), and the hardware brings the
@@ -90,12 +105,14 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
                  const int32_t *tables, const int32_t *seq_lens, void *out, int64_t q_stride,
                  int num_seqs,
                  int num_heads, int num_kv_heads, int head_dim, int block_size, int table_stride,
-                 float scale, int is_bf16, int num_threads, int isa) {
+                 float scale, int is_bf16, int bf16_dots, int num_threads, int isa) {
     if (head_dim % 16 != 0 || !isa_usable(isa)) return -1;
+    if (bf16_dots && !(is_bf16 && isa == ISA_AVX512 && dpbf16_usable())) return -1;
     const decode_item_fn item = PICK(decode_item, isa);
     const struct decode_args a = {q,         key_cache,  value_cache,  tables,    seq_lens,
                                   out,       q_stride,   num_seqs,     num_heads, num_kv_heads,
-                                  head_dim,  block_size, table_stride, is_bf16,   scale};
+                                  head_dim,  block_size, table_stride, is_bf16,   bf16_dots,
+                                  scale};
     /* About four items per thread: each context in equal ranges of at most `span` tokens,
      * whole where it is no longer (so a large batch runs one item per sequence). */
     int64_t total = 0;
@@ -124,7 +141,9 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
             max_len = items[n][2] - items[n][1] > max_len ? items[n][2] - items[n][1] : max_len;
         }
     }
-    const size_t scratch_floats = (size_t)num_heads * max_len + 2 * (size_t)num_heads * head_dim;
+    size_t scratch_floats = (size_t)num_heads * max_len + 2 * (size_t)num_heads * head_dim;
+    const size_t dots_floats = DOTS_SCRATCH(num_heads, num_kv_heads, max_len, head_dim);
+    if (bf16_dots && dots_floats > scratch_floats) scratch_floats = dots_floats;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
         float *scratch = workspace(WORKSPACE_THREAD, sizeof(float) * scratch_floats);

@@ -165,6 +165,83 @@ static inline __attribute__((always_inline)) void FN(decode_pass)(const struct d
         }
 }
 
+/* decode_pass for bf16 with kv heads grouped, on AVX-512-BF16 dot products (bf16_dots, the
+ * AVX-512 path only; cpu_dpbf16.h). DOT_KEYS keys at a time, every kv head of their rows
+ * (the next keys' rows prefetched into L2, as decode_pass does): each kv head's keys packed
+ * once as a tile's panel (dp_keys) against its group's queries as the rows, the scores
+ * scaled after; after the softmax, the probabilities rounded to bf16 as the rows against the
+ * kv head's values packed in pairs of keys (dp_values), as lever 26's prefill rounds them;
+ * the sums stay float32. One packing serves the whole group, where decode_pass widens each
+ * bf16 row again for every head of it. scratch: DOTS_SCRATCH(num_heads, num_kv_heads, len,
+ * head_dim) floats. */
+static void FN(decode_dots)(const struct decode_args *a, int s, int begin, int end,
+                            float *scratch, float *partial) {
+    const int group = a->num_heads / a->num_kv_heads, hd = a->head_dim, heads = a->num_heads;
+    const int len = end - begin, even = (len + 1) / 2 * 2, row_len = a->num_kv_heads * hd;
+    const int32_t *table = a->tables + (int64_t)s * a->table_stride;
+    const uint16_t *q = (const uint16_t *)a->q + s * a->q_stride;
+    /* out: [group][num_kv_heads][hd], head g * group + r at r * row_len + g * hd */
+    float *scores = scratch, *out = scores + (int64_t)heads * even, *tile = out + heads * hd;
+    uint16_t *probs = (uint16_t *)(tile + MR_DOTS * DOT_KEYS);
+    uint16_t *panel = probs + (int64_t)heads * even; /* DOT_KEYS * row_len bf16 */
+    int64_t rows[DOT_KEYS];
+    for (int t0 = 0; t0 < len; t0 += DOT_KEYS) {
+        const int n = len - t0 < DOT_KEYS ? len - t0 : DOT_KEYS, lanes = (n + 15) / 16 * 16;
+        FN(block_rows)(a, table, begin + t0, n, end, a->key_cache, 2, rows);
+        dp_keys(a->key_cache, rows, n, row_len / 2, lanes, panel); /* whole rows, in order */
+        for (int g = 0; g < a->num_kv_heads; g++)
+            for (int r0 = 0; r0 < group; r0 += MR_DOTS) {
+                const int h0 = g * group + r0, rn = group - r0 < MR_DOTS ? group - r0 : MR_DOTS;
+                dp_rows(q + h0 * hd, hd, panel + (int64_t)g * hd * lanes, lanes, hd / 2, rn,
+                        lanes / 16, tile, 0);
+                for (int r = 0; r < rn; r++)
+                    for (int j = 0; j < n; j++)
+                        scores[(int64_t)(h0 + r) * even + t0 + j] = tile[r * lanes + j] * a->scale;
+            }
+    }
+    for (int h = 0; h < heads; h++) {
+        float *p = scores + (int64_t)h * even, max = -INFINITY, sum = 0.0f;
+        for (int t = 0; t < len; t++) max = p[t] > max ? p[t] : max;
+        for (int t = 0; t < len; t++) {
+            p[t] = expf(p[t] - max);
+            sum += p[t];
+        }
+        if (partial != NULL) {
+            partial[(int64_t)h * (hd + 2) + hd] = max;
+            partial[(int64_t)h * (hd + 2) + hd + 1] = sum;
+        }
+        const float inv = partial != NULL ? 1.0f : 1.0f / sum;
+        uint16_t *pb = probs + (int64_t)h * even;
+        for (int t = 0; t < len; t++) pb[t] = f32_to_bf16(p[t] * inv);
+        if (len < even) pb[len] = 0;
+    }
+    if (len == 0) memset(out, 0, sizeof(float) * heads * hd);
+    for (int t0 = 0; t0 < len; t0 += DOT_KEYS) {
+        const int n = len - t0 < DOT_KEYS ? len - t0 : DOT_KEYS;
+        FN(block_rows)(a, table, begin + t0, n, end, a->value_cache, 2, rows);
+        dp_values(a->value_cache, rows, n, row_len, panel); /* whole rows, in order */
+        for (int g = 0; g < a->num_kv_heads; g++)
+            for (int r0 = 0; r0 < group; r0 += MR_DOTS)
+                for (int c0 = 0; c0 < hd / 16; c0 += 3) {
+                    const int h0 = g * group + r0, rn = group - r0 < MR_DOTS ? group - r0 : MR_DOTS;
+                    const int vecs = hd / 16 - c0 < 3 ? hd / 16 - c0 : 3;
+                    dp_rows(probs + (int64_t)h0 * even + t0, even, panel + 2 * (g * hd + 16 * c0),
+                            row_len, (n + 1) / 2, rn, vecs, out + r0 * row_len + g * hd + 16 * c0,
+                            t0 > 0);
+                }
+    }
+    for (int g = 0; g < a->num_kv_heads; g++)
+        for (int r = 0; r < group; r++)
+            for (int d = 0; d < hd; d++) {
+                const int64_t h = g * group + r;
+                const float value = out[r * row_len + g * hd + d];
+                if (partial != NULL)
+                    partial[h * (hd + 2) + d] = value;
+                else
+                    store(a->out, ((int64_t)s * heads + h) * hd + d, 1, value);
+            }
+}
+
 /* Every head of sequence s over its tokens [begin, end); head_dim a multiple of 16. scratch:
  * num_heads * (end - begin) scores, then num_heads * head_dim accumulators and as many
  * scaled queries. partial: NULL when the range is the whole context (the output is
@@ -172,7 +249,9 @@ static inline __attribute__((always_inline)) void FN(decode_pass)(const struct d
  * max and the sum of their exponentials, for decode_merge. */
 static void FN(decode_item)(const struct decode_args *a, int s, int begin, int end,
                             float *scratch, float *partial) {
-    if (a->is_bf16)
+    if (a->bf16_dots && a->num_heads >= DOTS_MIN_GROUP * a->num_kv_heads)
+        FN(decode_dots)(a, s, begin, end, scratch, partial);
+    else if (a->is_bf16)
         FN(decode_pass)(a, s, begin, end, scratch, partial, 1);
     else
         FN(decode_pass)(a, s, begin, end, scratch, partial, 0);

@@ -141,6 +141,78 @@ void dp_pairs(const float *rows, int count, int lanes, int vecs, uint16_t *pairs
         }
 }
 
+/* r[k] becomes what was lane k of every r[j], as lane j: a 16 x 16 transpose of 32-bit words
+ * (pairs of 32-bit words, then of 64, then 128-bit quarters twice). */
+static inline __attribute__((always_inline)) void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int k = 0; k < 16; k += 2) {
+        t[k] = _mm512_unpacklo_epi32(r[k], r[k + 1]);
+        t[k + 1] = _mm512_unpackhi_epi32(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 16; k += 4) {
+        r[k] = _mm512_unpacklo_epi64(t[k], t[k + 2]);
+        r[k + 1] = _mm512_unpackhi_epi64(t[k], t[k + 2]);
+        r[k + 2] = _mm512_unpacklo_epi64(t[k + 1], t[k + 3]);
+        r[k + 3] = _mm512_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    for (int k = 0; k < 16; k += 8)
+        for (int j = 0; j < 4; j++) {
+            t[k + j] = _mm512_shuffle_i32x4(r[k + j], r[k + j + 4], 0x88);
+            t[k + j + 4] = _mm512_shuffle_i32x4(r[k + j], r[k + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+void dp_keys(const uint16_t *cache, const int64_t *rows, int n, int words, int lanes,
+             uint16_t *panel) {
+    uint32_t *out = (uint32_t *)panel;
+    for (int j0 = 0; j0 < lanes; j0 += 16) {
+        int i = 0;
+        for (; i + 16 <= words; i += 16) {
+            __m512i r[16];
+            for (int j = 0; j < 16; j++)
+                r[j] = j0 + j < n ? _mm512_loadu_si512(cache + rows[j0 + j] + 2 * i)
+                                  : _mm512_setzero_si512();
+            transpose16(r);
+            for (int k = 0; k < 16; k++)
+                _mm512_storeu_si512(out + (int64_t)(i + k) * lanes + j0, r[k]);
+        }
+        for (; i < words; i++)
+            for (int j = 0; j < 16; j++) {
+                uint32_t word = 0;
+                if (j0 + j < n) memcpy(&word, cache + rows[j0 + j] + 2 * i, sizeof word);
+                out[(int64_t)i * lanes + j0 + j] = word;
+            }
+    }
+}
+
+void dp_values(const uint16_t *cache, const int64_t *rows, int n, int hd, uint16_t *panel) {
+    uint16_t order[2][32]; /* dims d of a and b side by side: the first 16 dims, the next */
+    for (int d = 0; d < 16; d++)
+        for (int half = 0; half < 2; half++) {
+            order[half][2 * d] = (uint16_t)(16 * half + d);
+            order[half][2 * d + 1] = (uint16_t)(32 + 16 * half + d);
+        }
+    const __m512i first = _mm512_loadu_si512(order[0]), second = _mm512_loadu_si512(order[1]);
+    for (int i = 0; 2 * i < n; i++) {
+        const uint16_t *a = cache + rows[2 * i];
+        const uint16_t *b = 2 * i + 1 < n ? cache + rows[2 * i + 1] : NULL;
+        uint16_t *out = panel + (int64_t)i * 2 * hd;
+        for (int d = 0; d < hd; d += 32) {
+            const __mmask32 dims = hd - d >= 32 ? 0xFFFFFFFFu : 0xFFFFu;
+            const __m512i x = _mm512_maskz_loadu_epi16(dims, a + d);
+            const __m512i y = b != NULL ? _mm512_maskz_loadu_epi16(dims, b + d)
+                                        : _mm512_setzero_si512();
+            _mm512_storeu_si512(out + 2 * d, _mm512_permutex2var_epi16(x, first, y));
+            if (hd - d > 16)
+                _mm512_storeu_si512(out + 2 * d + 32, _mm512_permutex2var_epi16(x, second, y));
+        }
+    }
+}
+
 int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias, uint16_t *out,
                    int m, int n, int k, int64_t x_stride, int num_threads) {
     if (k % 2 != 0 || n % 16 != 0 || !dpbf16_usable()) return -1;
@@ -176,6 +248,11 @@ void dp_rows(const uint16_t *x, int64_t x_stride, const uint16_t *panel, int lan
              int rows, int vecs, float *out, int accumulate) {}
 
 void dp_pairs(const float *rows, int count, int lanes, int vecs, uint16_t *pairs) {}
+
+void dp_keys(const uint16_t *cache, const int64_t *rows, int n, int words, int lanes,
+             uint16_t *panel) {}
+
+void dp_values(const uint16_t *cache, const int64_t *rows, int n, int hd, uint16_t *panel) {}
 
 int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias, uint16_t *out,
                    int m, int n, int k, int64_t x_stride, int num_threads) {
