@@ -101,6 +101,22 @@ static inline __attribute__((always_inline)) void FN(block_rows)(const struct de
     }
 }
 
+/* Head h's len scores p become their softmax numerators, exp(p - max). A whole context
+ * (partial NULL) gets back 1 / their sum, to normalise them by; a range stores its max and
+ * sum after its row of partial sums (decode_merge) and gets back 1. */
+static inline float FN(softmax_numerators)(float *p, int len, float *partial, int h, int hd) {
+    float max = -INFINITY, sum = 0.0f;
+    for (int t = 0; t < len; t++) max = p[t] > max ? p[t] : max;
+    for (int t = 0; t < len; t++) {
+        p[t] = expf(p[t] - max);
+        sum += p[t];
+    }
+    if (partial == NULL) return 1.0f / sum;
+    partial[(int64_t)h * (hd + 2) + hd] = max;
+    partial[(int64_t)h * (hd + 2) + hd + 1] = sum;
+    return 1.0f;
+}
+
 static inline __attribute__((always_inline)) void FN(decode_pass)(const struct decode_args *a,
                                                                   int s, int begin, int end,
                                                                   float *scratch, float *partial,
@@ -122,22 +138,11 @@ static inline __attribute__((always_inline)) void FN(decode_pass)(const struct d
                 scores[(int64_t)h * len + t0 + j] =
                     FN(dot)(qf + h * hd, a->key_cache, rows[j] + (int64_t)(h / group) * hd, hd, is_bf16);
     }
-    /* softmax numerators; a whole context normalises them here, a range leaves that to the
-     * merge (its max and sum go with its sums) */
     for (int h = 0; h < heads; h++) {
-        float *p = scores + (int64_t)h * len, max = -INFINITY, sum = 0.0f;
-        for (int t = 0; t < len; t++) max = p[t] > max ? p[t] : max;
-        for (int t = 0; t < len; t++) {
-            p[t] = expf(p[t] - max);
-            sum += p[t];
-        }
-        if (partial != NULL) {
-            partial[(int64_t)h * (hd + 2) + hd] = max;
-            partial[(int64_t)h * (hd + 2) + hd + 1] = sum;
-            continue;
-        }
-        const float inv = 1.0f / sum;
-        for (int t = 0; t < len; t++) p[t] *= inv;
+        float *p = scores + (int64_t)h * len;
+        const float scale = FN(softmax_numerators)(p, len, partial, h, hd);
+        if (partial == NULL)
+            for (int t = 0; t < len; t++) p[t] *= scale;
     }
     memset(acc, 0, sizeof(float) * heads * hd);
     for (int t0 = 0; t0 < len; t0 += DECODE_BLOCK) {
@@ -200,19 +205,10 @@ static void FN(decode_dots)(const struct decode_args *a, int s, int begin, int e
             }
     }
     for (int h = 0; h < heads; h++) {
-        float *p = scores + (int64_t)h * even, max = -INFINITY, sum = 0.0f;
-        for (int t = 0; t < len; t++) max = p[t] > max ? p[t] : max;
-        for (int t = 0; t < len; t++) {
-            p[t] = expf(p[t] - max);
-            sum += p[t];
-        }
-        if (partial != NULL) {
-            partial[(int64_t)h * (hd + 2) + hd] = max;
-            partial[(int64_t)h * (hd + 2) + hd + 1] = sum;
-        }
-        const float inv = partial != NULL ? 1.0f : 1.0f / sum;
+        float *p = scores + (int64_t)h * even;
+        const float scale = FN(softmax_numerators)(p, len, partial, h, hd);
         uint16_t *pb = probs + (int64_t)h * even;
-        for (int t = 0; t < len; t++) pb[t] = f32_to_bf16(p[t] * inv);
+        for (int t = 0; t < len; t++) pb[t] = f32_to_bf16(p[t] * scale);
         if (len < even) pb[len] = 0;
     }
     if (len == 0) memset(out, 0, sizeof(float) * heads * hd);
