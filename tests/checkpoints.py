@@ -111,7 +111,9 @@ def build_checkpoint(
 
 
 # Each family with the switches that make it differ: GQA ratios, qkv bias (Qwen2),
-# q/k norm (Qwen3), llama3 RoPE scaling and tied embeddings (llama3 variant).
+# q/k norm (Qwen3), llama3 RoPE scaling and tied embeddings (llama3 variant), and a group of
+# six query heads on one kv head (as Qwen2.5's 1.5B model groups them), which bf16 decode
+# attention takes as dot products where the CPU has AVX-512-BF16.
 FAMILIES = {
     "llama": ("llama", {}),
     "llama3-tied": (
@@ -131,5 +133,6 @@ FAMILIES = {
     ),
     "mistral": ("mistral", dict(num_key_value_heads=4, sliding_window=None)),
     "qwen2": ("qwen2", {}),
+    "qwen2-grouped": ("qwen2", dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=1)),
     "qwen3": ("qwen3", dict(head_dim=32)),
 }

@@ -65,7 +65,7 @@ def test_recordings_only_on_the_cpu_kernels_path(device, backend, enforce_eager,
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen2-grouped", "qwen3"])
 def test_replayed_decode_steps_give_the_eager_logits_bit_for_bit(
     checkpoint, family, dtype, monkeypatch
 ):
