@@ -34,6 +34,13 @@ PROMPT_IDS = (2, VOCAB_SIZE - 1)
 """The inclusive range prompts draw ids from: 0 and 1 are every shape's EOS and BOS."""
 EOS_TOKEN = "<|endoftext|>"
 MAX_POSITIONS = 2048
+SHARED_CONFIG = {
+    "max_position_embeddings": MAX_POSITIONS,
+    "bos_token_id": 1,
+    "eos_token_id": 0,
+    "pad_token_id": 0,
+}
+"""What every shape's config shares: the context length and the special ids of `PROMPT_IDS`."""
 
 
 def llama_config(dtype: torch.dtype) -> LlamaConfig:
@@ -44,12 +51,9 @@ def llama_config(dtype: torch.dtype) -> LlamaConfig:
         num_hidden_layers=12,
         num_attention_heads=12,
         num_key_value_heads=12,
-        max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=0,
-        pad_token_id=0,
         dtype=dtype,
+        **SHARED_CONFIG,
     )
 
 
@@ -61,13 +65,10 @@ def qwen2_config(dtype: torch.dtype) -> Qwen2Config:
         num_hidden_layers=24,
         num_attention_heads=14,
         num_key_value_heads=2,
-        max_position_embeddings=MAX_POSITIONS,
         rope_theta=1000000.0,
         tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=0,
-        pad_token_id=0,
         dtype=dtype,
+        **SHARED_CONFIG,
     )
 
 
