@@ -47,7 +47,8 @@ e2e: setup k8s
 	$(PY) -m pytest -v -s -rs -p no:cacheprovider tests/e2e
 
 # kvserve against vLLM's CPU build, offline (W1) and served in both dtypes, three rounds each,
-# on this machine (benchmarks/README.md); vLLM in a venv of its own, made if missing. Not a test.
+# then W1 once on the second model, on this machine (benchmarks/README.md); vLLM in a venv of
+# its own, made if missing. Not a test.
 VLLM_VENV ?= /work/vllm-venv
 bench: setup
 	benchmarks/vllm_venv.sh $(VLLM_VENV)
@@ -55,3 +56,5 @@ bench: setup
 	$(PY) benchmarks/serving.py --kvserve --vllm $(VLLM_VENV)/bin/vllm --rounds 3
 	$(PY) benchmarks/serving.py --kvserve --vllm $(VLLM_VENV)/bin/vllm --rounds 3 \
 		--dtype bfloat16 --out benchmarks/results/serving-bf16.md
+	$(PY) benchmarks/throughput.py --dtype bf16 fp32 --vllm $(VLLM_VENV)/bin/python \
+		--shape qwen2-0.5b --out benchmarks/results/latest-qwen2.md
