@@ -44,8 +44,9 @@ def use_cpu_graphs(device: torch.device, backend_name: str, enforce_eager: bool)
 
 class _TorchOps(TorchDispatchMode):
     """The ops that computed while it was on (``computed``: any op but an allocation that
-    wrote to an argument or returned a tensor outside its arguments' storage), and the
-    tensors allocated (``allocated``: kept with the recording, so its addresses stay valid)."""
+    wrote to an argument or returned a tensor outside its arguments' storage, or one
+    without a storage, such as oneDNN's packed layout), and the tensors allocated
+    (``allocated``: kept with the recording, so its addresses stay valid)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,10 +58,14 @@ class _TorchOps(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func.overloadpacket in ALLOCATIONS:
             self.allocated.extend(_tensors(out))
-        elif func._schema.is_mutable or not {_storage(t) for t in _tensors(out)} <= {
-            _storage(t) for t in _tensors((args, kwargs))
-        }:
-            self.computed.add(str(func))
+        else:
+            outs = {_storage(t) for t in _tensors(out)}
+            if (
+                func._schema.is_mutable
+                or None in outs
+                or not outs <= {_storage(t) for t in _tensors((args, kwargs))}
+            ):
+                self.computed.add(str(func))
         return out
 
     def bytes(self) -> int:
@@ -71,7 +76,11 @@ def _tensors(tree) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
-def _storage(t: torch.Tensor) -> int:
+def _storage(t: torch.Tensor) -> int | None:
+    """The address of ``t``'s storage; None for a tensor without one (an opaque layout, as
+    oneDNN's packed weights and mkldnn tensors have)."""
+    if t.layout != torch.strided:
+        return None
     return t.untyped_storage().data_ptr()
 
 

@@ -9,7 +9,7 @@ from kvserve.engine import cpu_library
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.cpu_graphs import CPUDecodeGraphs, Recording, use_cpu_graphs
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.models import fused_ops
+from kvserve.engine.models import fused_ops, packed_linear
 from kvserve.engine.row_argmax import row_argmax
 
 pytestmark = pytest.mark.skipif(not cpu_library.available(), reason="needs the C kernels")
@@ -99,6 +99,24 @@ def test_a_size_whose_step_computes_in_torch_runs_eagerly(checkpoint, monkeypatc
     logits, engine = run(checkpoint, "llama", "float32", enforce_eager=False)
 
     graphs = engine.runner.forward
+    assert (graphs.recordings, graphs.refused) == ({}, {1, 2, 3, 4})
+    for ours, theirs in zip(logits, eager, strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_a_model_on_onednn_packed_weights_runs_eagerly(checkpoint, monkeypatch):
+    """Linears on oneDNN's packed weights (where no kernel of the project takes a layer, e.g.
+    a bf16 shape the AMX and AVX-512-BF16 kernels refuse): those weights have no storage to
+    compare, and the linears compute in torch, so each size is refused, not recorded (it had
+    raised from the dispatch mode and failed every decode step), and the logits are the
+    eager ones."""
+    monkeypatch.setattr(packed_linear, "packed", packed_linear.PackedLinear)
+    eager, _ = run(checkpoint, "llama", "float32", enforce_eager=True)
+
+    logits, engine = run(checkpoint, "llama", "float32", enforce_eager=False)
+
+    graphs = engine.runner.forward
+    assert isinstance(graphs.model.layers[0].mlp.down_proj, packed_linear.PackedLinear)
     assert (graphs.recordings, graphs.refused) == ({}, {1, 2, 3, 4})
     for ours, theirs in zip(logits, eager, strict=True):
         assert torch.equal(ours, theirs)
