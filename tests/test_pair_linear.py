@@ -39,6 +39,8 @@ SHAPES = [  # (rows, out, in)
     pytest.param(400, 48, 32, id="dp-blocks-shared-by-threads"),  # 3 threads: 6 of 64-72 rows
     # runs of pairs or groups taken (take_size) that do not divide a chunk or block
     pytest.param(300, 784, 64, id="takes-across-chunks-and-blocks"),
+    # 19 groups of 3 column blocks in one block of rows: the last taken in shorter runs
+    pytest.param(64, 912, 64, id="last-groups-in-shorter-runs"),
     pytest.param(64, 768, 768, id="decode-sized"),
     pytest.param(200, 2304, 768, id="prefill-sized"),
 ]

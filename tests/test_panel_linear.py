@@ -24,6 +24,8 @@ SHAPES = [  # (rows, out, in)
     pytest.param(400, 60, 24, id="rows-in-blocks-shared-by-threads"),
     # the threads take runs of panels (take_size) that do not divide a block's panels
     pytest.param(300, 400, 24, id="takes-across-blocks"),
+    # 19 panels of 48 (AVX-512) or 57 of 16 in one block: the last taken in shorter runs
+    pytest.param(64, 912, 40, id="last-panels-in-shorter-runs"),
     pytest.param(64, 768, 300, id="decode-sized"),
 ]
 

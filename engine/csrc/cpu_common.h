@@ -33,6 +33,26 @@ static inline int take_size(int64_t per_block, int threads) {
     return take > 1 ? (int)take : 1;
 }
 
+/* The next run of work items, [*start, *start + returned count), for a thread of a parallel
+ * region whose threads share the counter `next` (0 at the start) over `items` items: runs of
+ * `take` (take_size) while more than `threads` runs of it are left, then shorter ones (what is
+ * left over twice the threads, at least 1), so the threads finish within about one item of
+ * each other. Runs of `take` to the end left one thread a whole run behind where the
+ * threads' runs did not come out even: 19 panels on 2 threads went 11 and 8 (lever 28).
+ * Returns 0 when none are left. */
+static inline int64_t take_run(int64_t *next, int64_t items, int take, int threads,
+                               int64_t *start) {
+    int64_t begin = __atomic_load_n(next, __ATOMIC_RELAXED), count;
+    do {
+        const int64_t left = items - begin;
+        if (left <= 0) return 0;
+        count = left > (int64_t)threads * take ? take : (left + 2 * threads - 1) / (2 * threads);
+    } while (!__atomic_compare_exchange_n(next, &begin, begin + count, 0, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    *start = begin;
+    return count;
+}
+
 /* The first row of block b of `blocks` (b == blocks: m). */
 static inline int block_start(int b, int blocks, int m, int mr) {
     const int64_t tiles = (m + mr - 1) / mr, start = (int64_t)b * tiles / blocks * mr;

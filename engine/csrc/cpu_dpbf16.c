@@ -10,10 +10,10 @@
  *
  * The plan of cpu_linear.c's float32 kernel: the work items, (block of rows (row_blocks,
  * cpu_common.h), group of GROUP column blocks), run on OpenMP threads (torch's, see
- * cpu_decode.c), rows-block major, a few groups at a time (take_size); an item is register
- * tiles of MR rows by the group's columns, every sum kept in registers over all of k (one
- * vdpbf16ps per row, column block and k pair), and the item's tiles share the fetching of its
- * next group while they read the current one.
+ * cpu_decode.c), rows-block major, a few groups at a time (take_size; shorter runs at the
+ * end, take_run); an item is register tiles of MR rows by the group's columns, every sum
+ * kept in registers over all of k (one vdpbf16ps per row, column block and k pair), and the
+ * item's tiles share the fetching of its next group while they read the current one.
  *
  * The same register tile, with float32 sums kept or added to, gives paged prefill attention
  * its two products on bf16 (cpu_prefill_isa.h): dp_rows() over panels of query lanes in
@@ -220,9 +220,11 @@ int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias,
     const int64_t block_stride = (int64_t)pairs * 32; /* elements of one column block */
     const int num_blocks = row_blocks(m, num_threads, M_BLOCK);
     const int64_t items = (int64_t)groups * num_blocks;
-#pragma omp parallel for num_threads(num_threads) \
-    schedule(dynamic, take_size(groups, num_threads))
-    for (int64_t item = 0; item < items; item++) {
+    const int take = take_size(groups, num_threads);
+    int64_t next_item = 0, start, count;
+#pragma omp parallel num_threads(num_threads) private(start, count)
+    while ((count = take_run(&next_item, items, take, num_threads, &start)) > 0)
+    for (int64_t item = start; item < start + count; item++) {
         const int g = item % groups, b = item / groups;
         const int m0 = block_start(b, num_blocks, m, MR);
         const int m1 = block_start(b + 1, num_blocks, m, MR);

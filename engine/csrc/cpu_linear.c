@@ -12,8 +12,9 @@
  * bytes, the arithmetic is float32's.
  *
  * One pass, no packing of x: the work items, (block of rows, panel), run on OpenMP threads
- * (torch's, see cpu_decode.c), rows-block major, a few panels at a time (take_size), so the
- * threads stream the panels while the block's rows stay in cache; the blocks are of M_BLOCK
+ * (torch's, see cpu_decode.c), rows-block major, a few panels at a time (take_size; shorter
+ * runs at the end, take_run), so the threads stream the panels while the block's rows stay
+ * in cache; the blocks are of M_BLOCK
  * rows or, where that would leave the threads unequal shares, of fewer (row_blocks,
  * cpu_common.h). Each item is register tiles of the path's MR rows by the panel's NR
  * columns, every sum kept in registers over all of k (cpu_linear_isa.h); the item's tiles
@@ -58,9 +59,11 @@ static int linear(const float *x, const void *panels, const float *bias, void *o
     const widen_fn widen = PICK(widen, isa);
     const int num_panels = (n + nr - 1) / nr, num_blocks = row_blocks(m, num_threads, M_BLOCK);
     const int64_t items = (int64_t)num_panels * num_blocks, panel_bytes = (int64_t)k * nr * size;
-#pragma omp parallel for num_threads(num_threads) \
-    schedule(dynamic, take_size(num_panels, num_threads)) reduction(| : failed)
-    for (int64_t item = 0; item < items; item++) {
+    const int take = take_size(num_panels, num_threads);
+    int64_t next_item = 0, start, count;
+#pragma omp parallel num_threads(num_threads) private(start, count) reduction(| : failed)
+    while ((count = take_run(&next_item, items, take, num_threads, &start)) > 0)
+    for (int64_t item = start; item < start + count; item++) {
         const int p = item % num_panels, b = item / num_panels;
         const int m0 = block_start(b, num_blocks, m, mr);
         const int m1 = block_start(b + 1, num_blocks, m, mr);
