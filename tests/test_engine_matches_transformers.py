@@ -14,7 +14,7 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models import decoder, panel_linear
 
 from audit import assert_all_released, audit_blocks
-from checkpoints import FAMILIES
+from checkpoints import FAMILIES, build_checkpoint
 from reference import assert_greedy_match, hf_greedy
 
 MAX_TOKENS = 24
@@ -148,4 +148,31 @@ def test_greedy_matches_transformers_with_long_contexts_split_into_ranges(checkp
         with num_threads(threads):
             outputs = run(engine, prompts, params)
         for prompt, got in zip(prompts, outputs, strict=True):
+            assert_greedy_match(path, prompt, hf_greedy(path, prompt, MAX_TOKENS), got)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_shapes_off_every_kernels_grid_decode_as_eager_steps_do(tmp_path, dtype):
+    """Hidden size 40, two heads of 20 dims on one kv head, an MLP of 100: no width the
+    kernels tile by (16, 32, 48). In float32 the tokens are transformers'; in both dtypes
+    the decode steps (replayed where every op is a kernel, else eager) give the tokens of an
+    engine that runs every step eagerly, through chunked prefill and batched decode. Where
+    the bf16 layers fall to oneDNN (a CPU with native bf16), that was a failed step each."""
+    path = str(
+        build_checkpoint(
+            "llama", tmp_path / "odd", hidden_size=40, num_attention_heads=2,
+            num_key_value_heads=1, intermediate_size=100,
+        )
+    )  # fmt: skip
+    settings = dict(block_size=4, max_num_batched_tokens=64, enable_prefix_caching=False)
+    prompts = make_prompts(seed=7, shared_prefixes=False)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    engines = (
+        LLMEngine(EngineConfig(path, dtype=dtype, enforce_eager=e, **settings))
+        for e in (True, False)
+    )
+    eager, replayed = (run(engine, prompts, params) for engine in engines)
+    assert replayed == eager
+    if dtype == "float32":
+        for prompt, got in zip(prompts, replayed, strict=True):
             assert_greedy_match(path, prompt, hf_greedy(path, prompt, MAX_TOKENS), got)
