@@ -58,14 +58,8 @@ class _TorchOps(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func.overloadpacket in ALLOCATIONS:
             self.allocated.extend(_tensors(out))
-        else:
-            outs = {_storage(t) for t in _tensors(out)}
-            if (
-                func._schema.is_mutable
-                or None in outs
-                or not outs <= {_storage(t) for t in _tensors((args, kwargs))}
-            ):
-                self.computed.add(str(func))
+        elif func._schema.is_mutable or _outside(_tensors(out), _tensors((args, kwargs))):
+            self.computed.add(str(func))
         return out
 
     def bytes(self) -> int:
@@ -74,6 +68,12 @@ class _TorchOps(TorchDispatchMode):
 
 def _tensors(tree) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _outside(outs: list[torch.Tensor], inputs: list[torch.Tensor]) -> bool:
+    """Whether any of ``outs`` lies outside the storage of ``inputs``, or has none to compare."""
+    stored = {_storage(t) for t in outs}
+    return None in stored or not stored <= {_storage(t) for t in inputs}
 
 
 def _storage(t: torch.Tensor) -> int | None:

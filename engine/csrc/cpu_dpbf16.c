@@ -221,23 +221,24 @@ int linear_bf16_dp(const uint16_t *x, const uint16_t *panels, const float *bias,
     const int num_blocks = row_blocks(m, num_threads, M_BLOCK);
     const int64_t items = (int64_t)groups * num_blocks;
     const int take = take_size(groups, num_threads);
-    int64_t next_item = 0, start, count;
-#pragma omp parallel num_threads(num_threads) private(start, count)
-    while ((count = take_run(&next_item, items, take, num_threads, &start)) > 0)
-    for (int64_t item = start; item < start + count; item++) {
-        const int g = item % groups, b = item / groups;
-        const int m0 = block_start(b, num_blocks, m, MR);
-        const int m1 = block_start(b + 1, num_blocks, m, MR);
-        const int nb = g * GROUP, count = blocks - nb < GROUP ? blocks - nb : GROUP;
-        const uint16_t *group = panels + nb * block_stride;
-        const int next_count = blocks - nb - count < GROUP ? blocks - nb - count : GROUP;
-        const char *next = next_count > 0 ? (const char *)(group + count * block_stride) : NULL;
-        const int tiles = (m1 - m0 + MR - 1) / MR, pf_step = next_count * 64 / tiles;
-        for (int r = m0, t = 0; r < m1; r += MR, t++)
-            run_tile(x + r * x_stride, x_stride, group, block_stride, pairs,
-                     m1 - r < MR ? m1 - r : MR, count, out + (int64_t)r * n + 16 * nb, n,
-                     bias != NULL ? bias + 16 * nb : NULL,
-                     next != NULL ? next + (int64_t)t * pairs * pf_step : NULL, pf_step);
+    int64_t next_item = 0, run, run_len;
+#pragma omp parallel num_threads(num_threads) private(run, run_len)
+    while ((run_len = take_run(&next_item, items, take, num_threads, &run)) > 0) {
+        for (int64_t item = run; item < run + run_len; item++) {
+            const int g = item % groups, b = item / groups;
+            const int m0 = block_start(b, num_blocks, m, MR);
+            const int m1 = block_start(b + 1, num_blocks, m, MR);
+            const int nb = g * GROUP, count = blocks - nb < GROUP ? blocks - nb : GROUP;
+            const uint16_t *group = panels + nb * block_stride;
+            const int next_count = blocks - nb - count < GROUP ? blocks - nb - count : GROUP;
+            const char *next = next_count > 0 ? (const char *)(group + count * block_stride) : NULL;
+            const int tiles = (m1 - m0 + MR - 1) / MR, pf_step = next_count * 64 / tiles;
+            for (int r = m0, t = 0; r < m1; r += MR, t++)
+                run_tile(x + r * x_stride, x_stride, group, block_stride, pairs,
+                         m1 - r < MR ? m1 - r : MR, count, out + (int64_t)r * n + 16 * nb, n,
+                         bias != NULL ? bias + 16 * nb : NULL,
+                         next != NULL ? next + (int64_t)t * pairs * pf_step : NULL, pf_step);
+        }
     }
     return 0;
 }

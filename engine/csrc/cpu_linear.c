@@ -14,12 +14,11 @@
  * One pass, no packing of x: the work items, (block of rows, panel), run on OpenMP threads
  * (torch's, see cpu_decode.c), rows-block major, a few panels at a time (take_size; shorter
  * runs at the end, take_run), so the threads stream the panels while the block's rows stay
- * in cache; the blocks are of M_BLOCK
- * rows or, where that would leave the threads unequal shares, of fewer (row_blocks,
- * cpu_common.h). Each item is register tiles of the path's MR rows by the panel's NR
- * columns, every sum kept in registers over all of k (cpu_linear_isa.h); the item's tiles
- * share the fetching of its next panel, so the memory streams while each tile reads the
- * current one. Against oneDNN's float32 path on the 134M
+ * in cache; the blocks are of M_BLOCK rows or, where that would leave the threads unequal
+ * shares, of fewer (row_blocks, cpu_common.h). Each item is register tiles of the path's MR
+ * rows by the panel's NR columns, every sum kept in registers over all of k
+ * (cpu_linear_isa.h); the item's tiles share the fetching of its next panel, so the memory
+ * streams while each tile reads the current one. Against oneDNN's float32 path on the 134M
  * model's shapes (benchmarks/cpu-levers.md, levers 7, 12, 13 and 18): faster at decode batch
  * sizes; at prefill sizes level with torch's oneDNN, 0-13 % slower than vLLM's at 1,336 rows.
  * Returns 0, -1 for an ISA this CPU lacks, or -2 if linear_bf16's scratch could not be had. */
@@ -60,35 +59,36 @@ static int linear(const float *x, const void *panels, const float *bias, void *o
     const int num_panels = (n + nr - 1) / nr, num_blocks = row_blocks(m, num_threads, M_BLOCK);
     const int64_t items = (int64_t)num_panels * num_blocks, panel_bytes = (int64_t)k * nr * size;
     const int take = take_size(num_panels, num_threads);
-    int64_t next_item = 0, start, count;
-#pragma omp parallel num_threads(num_threads) private(start, count) reduction(| : failed)
-    while ((count = take_run(&next_item, items, take, num_threads, &start)) > 0)
-    for (int64_t item = start; item < start + count; item++) {
-        const int p = item % num_panels, b = item / num_panels;
-        const int m0 = block_start(b, num_blocks, m, mr);
-        const int m1 = block_start(b + 1, num_blocks, m, mr);
-        const int n0 = p * nr, cols = n - n0 < nr ? n - n0 : nr;
-        const char *panel = (const char *)panels + p * panel_bytes;
-        const char *next = p + 1 < num_panels ? panel + panel_bytes : NULL;
-        /* each of the block's tiles fetches its share of the next panel, so the memory
-         * stays busy while the later tiles re-read this one from cache */
-        const int tiles = (m1 - m0 + mr - 1) / mr, pf_step = nr * size / tiles;
-        const void *read = panel;
-        int dtypes = bf16 ? TILE_BF16 : TILE_F32;
-        if (bf16 && tiles > 1) {
-            float *wide = workspace(WORKSPACE_THREAD, sizeof(float) * (size_t)k * nr);
-            if (wide == NULL) {
-                failed = 1;
-                continue;
+    int64_t next_item = 0, run, run_len;
+#pragma omp parallel num_threads(num_threads) private(run, run_len) reduction(| : failed)
+    while ((run_len = take_run(&next_item, items, take, num_threads, &run)) > 0) {
+        for (int64_t item = run; item < run + run_len; item++) {
+            const int p = item % num_panels, b = item / num_panels;
+            const int m0 = block_start(b, num_blocks, m, mr);
+            const int m1 = block_start(b + 1, num_blocks, m, mr);
+            const int n0 = p * nr, cols = n - n0 < nr ? n - n0 : nr;
+            const char *panel = (const char *)panels + p * panel_bytes;
+            const char *next = p + 1 < num_panels ? panel + panel_bytes : NULL;
+            /* each of the block's tiles fetches its share of the next panel, so the memory
+             * stays busy while the later tiles re-read this one from cache */
+            const int tiles = (m1 - m0 + mr - 1) / mr, pf_step = nr * size / tiles;
+            const void *read = panel;
+            int dtypes = bf16 ? TILE_BF16 : TILE_F32;
+            if (bf16 && tiles > 1) {
+                float *wide = workspace(WORKSPACE_THREAD, sizeof(float) * (size_t)k * nr);
+                if (wide == NULL) {
+                    failed = 1;
+                    continue;
+                }
+                widen((const uint16_t *)panel, wide, (int64_t)k * nr);
+                read = wide;
+                dtypes = TILE_WIDE_BF16;
             }
-            widen((const uint16_t *)panel, wide, (int64_t)k * nr);
-            read = wide;
-            dtypes = TILE_WIDE_BF16;
+            for (int r = m0, t = 0; r < m1; r += mr, t++)
+                tile(x + r * x_stride, x_stride, read, k, m1 - r < mr ? m1 - r : mr,
+                     (char *)out + ((int64_t)r * n + n0) * size, n, bias != NULL ? bias + n0 : NULL,
+                     cols, next != NULL ? next + (int64_t)t * k * pf_step : NULL, pf_step, dtypes);
         }
-        for (int r = m0, t = 0; r < m1; r += mr, t++)
-            tile(x + r * x_stride, x_stride, read, k, m1 - r < mr ? m1 - r : mr,
-                 (char *)out + ((int64_t)r * n + n0) * size, n, bias != NULL ? bias + n0 : NULL,
-                 cols, next != NULL ? next + (int64_t)t * k * pf_step : NULL, pf_step, dtypes);
     }
     return failed ? -2 : 0;
 }
