@@ -18,7 +18,7 @@ from reference import assert_greedy_match, hf_greedy
 ARRIVALS = 40
 
 
-def schedule(seed: int) -> list[tuple[str, list[int], int]]:
+def arrivals(seed: int) -> list[tuple[str, list[int], int]]:
     """ARRIVALS prompts (prefixes shared by about a third of them, some whole prompts
     repeated, so that equal blocks are computed in one step and found cached in later
     ones) with their max_tokens."""
@@ -50,7 +50,7 @@ def test_arrivals_and_aborts_between_any_steps_keep_every_block_and_token(checkp
         )
     )
     rng = random.Random(seed + 1000)
-    pending = schedule(seed)
+    pending = arrivals(seed)
     prompts = {request_id: (prompt, max_tokens) for request_id, prompt, max_tokens in pending}
     live: list[str] = []
     aborted: set[str] = set()
