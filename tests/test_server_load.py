@@ -12,7 +12,7 @@ from kvserve import LLM, SamplingParams
 from server_process import API_KEY, ServerProcess, sample
 
 PROMPTS = ["def f(x):", "import os\n", "class A:\n    ", "# a comment about"]
-MAX_TOKENS = 24
+MAX_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ async def _watch(server: ServerProcess, seen: dict[str, list[float]], done: asyn
         exposition = await asyncio.to_thread(server.get, "/metrics")
         for name in seen:
             seen[name].append(sample(exposition, name))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.005)
 
 
 def _settle(server: ServerProcess) -> None:
