@@ -1,7 +1,8 @@
 """Where kvserve's offline wall time goes: W1 (throughput.py's workload) run once, timed by
 step phase and, with --kernels, by C kernel.
 
-    python benchmarks/step_split.py [--dtype bf16] [--kernels] [--shape S | --model DIR] [--quick]
+    python benchmarks/step_split.py [--dtype bf16] [--kernels] [--prefix-caching]
+                                    [--shape S | --model DIR] [--quick]
 
 Phases: the scheduler's `schedule` and `update`, the runner's input preparation, the model's
 forward in prefill steps (a chunk longer than one token) and in decode-only steps, the LM
@@ -9,6 +10,8 @@ head, and sampling; "other" is the rest of `LLMEngine.step` (outputs, stop check
 --kernels every call of the project's C library is timed by kernel name; that needs eager
 decode steps (a replayed recording calls the kernels without `cpu_library.run`), so the
 engine runs with `enforce_eager` and its decode steps are slower than in a normal run.
+With --prefix-caching the cache is on (W1's random prompts share no prefix, so every full
+block is hashed and none is found) and its block hashing is a phase of its own.
 Not a test: one run on a shared machine says where the time goes, not what it costs.
 """
 
@@ -57,6 +60,7 @@ def instrument(llm: LLM, split: Split, kernels: bool) -> None:
     """Wrap ``llm``'s engine phases (and, with ``kernels``, the C library's calls)."""
     engine = llm.engine
     runner = engine.runner
+    engine.kv.chain_hash = split.timed(engine.kv.chain_hash, "prefix-cache hashing")
     engine.scheduler.schedule = split.timed(engine.scheduler.schedule, "schedule")
     engine.scheduler.update = split.timed(engine.scheduler.update, "update")
     runner.prepare = split.timed(runner.prepare, "prepare inputs")
@@ -91,12 +95,14 @@ def table(split: Split, wall: float) -> list[str]:
     return lines
 
 
-def run(model: Path, dtype: str, workload: Workload, kernels: bool) -> tuple[float, Split]:
+def run(
+    model: Path, dtype: str, workload: Workload, kernels: bool, prefix_caching: bool
+) -> tuple[float, Split]:
     """One timed generate of ``workload`` after a warm-up; its wall seconds and split."""
     llm = LLM(
         model=str(model),
         dtype=dtype,
-        enable_prefix_caching=False,
+        enable_prefix_caching=prefix_caching,
         enforce_eager=kernels,
     )
     split = Split()
@@ -113,6 +119,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--kernels", action="store_true", help="time every C kernel call (eager)")
+    p.add_argument("--prefix-caching", action="store_true", help="time the block hashing")
     p.add_argument("--model", type=Path, help="checkpoint (default: one built of --shape)")
     p.add_argument("--shape", choices=list(SHAPES), default="llama-134m", help="checkpoint.py's")
     p.add_argument("--quick", action="store_true", help="8 requests, 16 output tokens")
@@ -125,7 +132,7 @@ def main() -> None:
             args.model
             or build_checkpoint(Path(tmp) / "model", DTYPES[args.dtype], shape=args.shape).directory
         )
-        wall, split = run(model, args.dtype, workload, args.kernels)
+        wall, split = run(model, args.dtype, workload, args.kernels, args.prefix_caching)
     print(f"{args.dtype}: {wall:.2f} s, {n * max_tokens / wall:.1f} out tok/s")
     print("\n".join(table(split, wall)))
 

@@ -45,7 +45,7 @@ class StepObserver(Protocol):
 
     def on_step(self, stats, outputs: list[RequestOutput]) -> None: ...
 
-    def on_abort(self, request_id: str, stats) -> None: ...
+    def on_abort(self, request_id: str, stats, num_aborted: int) -> None: ...
 
     def on_engine_dead(self, stats, num_failed: int) -> None: ...
 
@@ -197,7 +197,7 @@ class AsyncLLM:
                 if isinstance(item, BaseException):
                     raise EngineDeadError(str(item)) from item
                 finished = item.finished
-                if item.outputs[0].finish_reason == "error":
+                if any(c.finish_reason == "error" for c in item.outputs):
                     raise RequestFailedError(f"the engine failed on request {request_id}")
                 yield item
         finally:
@@ -247,10 +247,10 @@ class AsyncLLM:
 
     def _abort(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is not None:
-            self.engine.abort_request(request_id)
+            aborted = self.engine.abort_request(request_id)
             self.num_unfinished -= 1
             if self._observer is not None:
-                self._observer.on_abort(request_id, self.engine.stats)
+                self._observer.on_abort(request_id, self.engine.stats, aborted)
 
     def _add(self, command: AddRequest) -> None:
         try:

@@ -4,6 +4,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvserve.engine.block_hash import BlockHash
 from kvserve.engine.kv_events import KVEventLog
 
 
@@ -11,7 +12,7 @@ from kvserve.engine.kv_events import KVEventLog
 class Block:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None
+    block_hash: BlockHash | None = None
 
 
 class BlockPool:
@@ -38,7 +39,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
-        self._cached: dict[int, Block] = {}
+        self._cached: dict[BlockHash, Block] = {}
         self.events = events
 
     @property
@@ -71,7 +72,7 @@ class BlockPool:
             blocks.append(block)
         return blocks
 
-    def lookup(self, block_hash: int) -> Block | None:
+    def lookup(self, block_hash: BlockHash) -> Block | None:
         return self._cached.get(block_hash)
 
     def touch(self, blocks: list[Block]) -> None:
@@ -93,7 +94,11 @@ class BlockPool:
                 self._free[block.block_id] = block
 
     def cache(
-        self, block: Block, block_hash: int, parent_hash: int | None, token_ids: Sequence[int]
+        self,
+        block: Block,
+        block_hash: BlockHash,
+        parent_hash: BlockHash | None,
+        token_ids: Sequence[int],
     ) -> None:
         """Make a full block (``token_ids``, after the block keyed ``parent_hash``) findable
         by its hash (first writer wins on a duplicate)."""

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from kvserve.engine.block_hash import HASH_ALGOS
 from kvserve.engine.kv_events import KVEventsConfig
 from kvserve.engine.settings import Crd, check_minimums, setting
 
@@ -54,6 +55,12 @@ class EngineConfig:
     )
     tensor_parallel_size: int = setting(1, minimum=1, crd=Crd(defaulted=True))
     enable_prefix_caching: bool = setting(True, crd=Crd(defaulted=True))
+    prefix_caching_hash_algo: str = setting(
+        "sha256",
+        choices=tuple(HASH_ALGOS),
+        help="the prefix cache's block key: a content hash, the same in every process and "
+        "in the KV events (sha256: SHA-256 of the parent key and the block's token ids)",
+    )
     attention_backend: str = setting("auto", choices=ATTENTION_BACKENDS)
     seed: int | None = setting(
         None,
@@ -75,6 +82,11 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ValueError(
+                f"prefix_caching_hash_algo must be one of {sorted(HASH_ALGOS)}, "
+                f"got {self.prefix_caching_hash_algo!r}"
+            )
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size > 1 is not supported yet; use 1")
         check_minimums(self)

@@ -1,14 +1,10 @@
 """Block tables of requests over the block pool, with prefix caching."""
 
+from kvserve.engine.block_hash import HASH_ALGOS, BlockHash
 from kvserve.engine.block_pool import Block, BlockPool
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.kv_events import KVEventLog
 from kvserve.engine.request import Request
-
-
-def chain_hash(parent: int | None, tokens: list[int]) -> int:
-    """Key of a full block: its parent's key and its own token ids."""
-    return hash((parent, *tokens))
 
 
 class KVCacheManager:
@@ -16,10 +12,11 @@ class KVCacheManager:
 
     A request's table (``request.block_ids``) covers its first
     ``num_computed_tokens`` (+ the tokens scheduled this step) tokens. With
-    prefix caching on, full blocks are indexed by chained hash once their KV has
-    been computed, and a new request starts from the longest cached run of its
-    prompt's full blocks (never the whole prompt: its last token is always
-    computed, to produce the logits of the first output token).
+    prefix caching on, full blocks are indexed by their chained content hash
+    (``block_hash``; the algorithm named by ``hash_algo``) once their KV has been
+    computed, and a new request starts from the longest cached run of its prompt's
+    full blocks (never the whole prompt: its last token is always computed, to
+    produce the logits of the first output token).
     """
 
     def __init__(
@@ -28,8 +25,10 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool,
         events: KVEventLog | None = None,
+        hash_algo: str = "sha256",
     ) -> None:
         self.block_size = block_size
+        self.chain_hash = HASH_ALGOS[hash_algo]
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_prefix_caching, events)
 
@@ -42,10 +41,10 @@ class KVCacheManager:
         if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
             return []
         hits: list[Block] = []
-        parent = None
+        parent: BlockHash | None = None
         tokens = request.all_token_ids
         for start in range(0, request.num_tokens - 1 - self.block_size + 1, self.block_size):
-            parent = chain_hash(parent, tokens[start : start + self.block_size])
+            parent = self.chain_hash(parent, tokens[start : start + self.block_size])
             block = self.pool.lookup(parent)
             if block is None:
                 break
@@ -82,7 +81,7 @@ class KVCacheManager:
             parent = request.block_hashes[-1] if request.block_hashes else None
             start = index * self.block_size
             block_tokens = tokens[start : start + self.block_size]
-            block_hash = chain_hash(parent, block_tokens)
+            block_hash = self.chain_hash(parent, block_tokens)
             self.pool.cache(
                 self.pool.blocks[request.block_ids[index]], block_hash, parent, block_tokens
             )

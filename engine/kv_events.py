@@ -16,15 +16,12 @@ and each event an array led by its tag, the fields in llm-d's ``ToTaggedUnion`` 
     ["AllBlocksCleared"]
 
 ``lora_id`` is always nil (no LoRA); ``medium`` is "GPU" or "CPU", where the KV lives.
-kvserve's block key is ``chain_hash`` (Python's ``hash`` of the parent key and the block's
-token ids: a signed 64-bit int, stable within a process; not across processes, since the
-first block's parent is None, whose hash is its address); on the wire it is 8 bytes, that
-int modulo 2**64, big-endian: bytes, as vLLM sends its sha256 keys (llm-d reads the last 8
-bytes as a uint64), never a msgpack int, which msgpack packs as small as it fits and llm-d
-refuses below 64 bits. Stored, removed and parent hashes are all written the same way, so
-they match each other. The newer optional fields (``lora_name``, ``extra_keys``,
-``group_idx``, ...) are left out, which readers take as nil. The PUB frames around a
-payload are in ``kv_events_publisher``.
+A block hash is kvserve's prefix-cache key as it is (``block_hash``: the 32-byte SHA-256
+digest, the same in every process, so two pods that cache the same prefix publish the same
+hashes), sent as msgpack bytes, as vLLM sends its sha256 keys (llm-d reads the last 8 bytes as
+a uint64). Stored, removed and parent hashes are all written the same way, so they match each
+other. The newer optional fields (``lora_name``, ``extra_keys``, ``group_idx``, ...) are left
+out, which readers take as nil. The PUB frames around a payload are in ``kv_events_publisher``.
 """
 
 import json
@@ -32,8 +29,9 @@ from dataclasses import dataclass, fields
 
 import msgpack
 
+from kvserve.engine.block_hash import BlockHash
+
 DATA_PARALLEL_RANK = 0
-_MASK64 = (1 << 64) - 1
 _SCHEMES = ("tcp://", "ipc://", "inproc://")
 _KIND_NAMES = {bool: "true or false", int: "an integer", str: "a string"}
 
@@ -96,15 +94,15 @@ class KVEventsConfig:
 class BlockStored:
     """Chained full blocks cached: the first one's parent is ``parent_block_hash``."""
 
-    block_hashes: list[int]
-    parent_block_hash: int | None
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
     token_ids: list[int]
     block_size: int
 
 
 @dataclass
 class BlockRemoved:
-    block_hashes: list[int]
+    block_hashes: list[BlockHash]
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,9 @@ class KVEventLog:
     def __init__(self) -> None:
         self._events: list[KVEvent] = []
 
-    def stored(self, block_hash: int, parent_hash: int | None, token_ids: list[int]) -> None:
+    def stored(
+        self, block_hash: BlockHash, parent_hash: BlockHash | None, token_ids: list[int]
+    ) -> None:
         last = self._events[-1] if self._events else None
         if (
             isinstance(last, BlockStored)
@@ -137,7 +137,7 @@ class KVEventLog:
                 BlockStored([block_hash], parent_hash, list(token_ids), len(token_ids))
             )
 
-    def removed(self, block_hash: int) -> None:
+    def removed(self, block_hash: BlockHash) -> None:
         last = self._events[-1] if self._events else None
         if isinstance(last, BlockRemoved):
             last.block_hashes.append(block_hash)
@@ -153,10 +153,6 @@ class KVEventLog:
         return events
 
 
-def wire_hash(block_hash: int) -> bytes:
-    return (block_hash & _MASK64).to_bytes(8, "big")
-
-
 def encode_batch(ts: float, events: list[KVEvent], medium: str) -> bytes:
     """One batch's msgpack payload (the layout in the module docstring)."""
     return msgpack.packb([float(ts), [_encode(e, medium) for e in events], DATA_PARALLEL_RANK])
@@ -164,16 +160,15 @@ def encode_batch(ts: float, events: list[KVEvent], medium: str) -> bytes:
 
 def _encode(event: KVEvent, medium: str) -> list:
     if isinstance(event, BlockStored):
-        parent = event.parent_block_hash
         return [
             "BlockStored",
-            [wire_hash(h) for h in event.block_hashes],
-            None if parent is None else wire_hash(parent),
+            event.block_hashes,
+            event.parent_block_hash,
             event.token_ids,
             event.block_size,
             None,
             medium,
         ]
     if isinstance(event, BlockRemoved):
-        return ["BlockRemoved", [wire_hash(h) for h in event.block_hashes], medium]
+        return ["BlockRemoved", event.block_hashes, medium]
     return ["AllBlocksCleared"]

@@ -16,6 +16,7 @@ from kvserve.engine.kv_events_publisher import ZmqEventPublisher
 from kvserve.engine.model_runner import ModelRunner
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from kvserve.engine.parent_request import ParentRequest, child_id, child_params
 from kvserve.engine.request import Request
 from kvserve.engine.sampler import Sampler, logprobs_of
 from kvserve.engine.sampling_params import SamplingParams, request_seed
@@ -70,6 +71,7 @@ class LLMEngine:
                 self.plan.block_size,
                 config.enable_prefix_caching,
                 KVEventLog() if self.kv_events is not None else None,
+                config.prefix_caching_hash_algo,
             )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -86,6 +88,8 @@ class LLMEngine:
         )
         self._compiling: list[Request] = []  # constrained requests whose grammar is not ready
         self.requests: dict[str, Request] = {}
+        self._parents: dict[str, ParentRequest] = {}  # requests of n > 1 samples, by id
+        self._parent_of: dict[str, ParentRequest] = {}  # ... by their samples' ids
         self._num_taken = 0  # requests accepted so far: the index of an unseeded one's seed
         self._consecutive_failures = 0
         log.info("execution plan: %s", self.plan)
@@ -105,26 +109,42 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
-    ) -> Request:
-        """Queue a request, or raise ValueError if it can never run."""
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
+    ) -> None:
+        """Queue a request (its ``params.n`` samples: ``ParentRequest``), or raise ValueError
+        if it can never run."""
+        ids = [request_id] if params.n == 1 else [child_id(request_id, i) for i in range(params.n)]
+        for taken in {request_id, *ids}:
+            if taken in self.requests or taken in self._parents:
+                raise ValueError(f"request id {taken!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._validate(token_ids)
-        vocab = self.model_config.vocab_size
-        for name, ids in (
-            ("logit_bias", params.logit_bias),
-            ("stop_token_ids", params.stop_token_ids),
-        ):
-            if not all(0 <= t < vocab for t in ids):
-                raise ValueError(f"invalid {name}: token ids must be in [0, {vocab})")
-        for name, num in (
-            ("logprobs", params.logprobs),
-            ("prompt_logprobs", params.prompt_logprobs),
-        ):
-            if num is not None and num > vocab:
-                raise ValueError(f"invalid {name}: {num} (must be at most the vocabulary, {vocab})")
+        self._validate(token_ids, params)
+        samples = [params] if params.n == 1 else child_params(params)
+        requests = [
+            self._request(i, token_ids, text, p, arrival_time)
+            for i, p in zip(ids, samples, strict=True)
+        ]
+        held: list[Request] = []
+        if params.n > 1:
+            parent = ParentRequest(request_id, requests, self.config.enable_prefix_caching)
+            self._parents[request_id] = parent
+            self._parent_of.update(dict.fromkeys(ids, parent))
+            held = parent.held
+        for request in requests:
+            if request.grammar is not None:
+                self._compiling.append(request)
+            self.requests[request.request_id] = request
+            if request not in held:
+                self.scheduler.add(request)
+
+    def _request(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        text: str | None,
+        params: SamplingParams,
+        arrival_time: float | None,
+    ) -> Request:
         detokenizer = Detokenizer(
             self.tokenizer, token_ids, params.stop, params.skip_special_tokens
         )
@@ -134,7 +154,7 @@ class LLMEngine:
         if params.seed is None and self.config.seed is not None:
             params = params.replace(seed=request_seed(self.config.seed, self._num_taken))
         self._num_taken += 1
-        request = Request(
+        return Request(
             request_id,
             token_ids,
             params,
@@ -143,13 +163,8 @@ class LLMEngine:
             detokenizer=detokenizer,
             grammar=grammar,
         )
-        if grammar is not None:
-            self._compiling.append(request)
-        self.requests[request_id] = request
-        self.scheduler.add(request)
-        return request
 
-    def _validate(self, token_ids: list[int]) -> None:
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
             raise ValueError("the prompt is empty")
         vocab = self.model_config.vocab_size
@@ -166,21 +181,62 @@ class LLMEngine:
                 f"the prompt needs {needed} KV blocks but the cache has only "
                 f"{self.kv.pool.num_blocks}"
             )
+        vocab = self.model_config.vocab_size
+        for name, ids in (
+            ("logit_bias", params.logit_bias),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
+            if not all(0 <= t < vocab for t in ids):
+                raise ValueError(f"invalid {name}: token ids must be in [0, {vocab})")
+        for name, num in (
+            ("logprobs", params.logprobs),
+            ("prompt_logprobs", params.prompt_logprobs),
+        ):
+            if num is not None and num > vocab:
+                raise ValueError(f"invalid {name}: {num} (must be at most the vocabulary, {vocab})")
 
-    def abort_request(self, request_id: str) -> None:
-        request = self.requests.pop(request_id, None)
-        if request is not None:
-            self.scheduler.abort(request)
+    def abort_request(self, request_id: str) -> int:
+        """Abort a request (each of its samples still running); how many were."""
+        parent = self._parents.pop(request_id, None)
+        children = [request_id] if parent is None else [c.request_id for c in parent.children]
+        aborted = 0
+        for child in children:
+            self._parent_of.pop(child, None)
+            request = self.requests.pop(child, None)
+            if request is not None:
+                aborted += 1
+                if parent is None or request not in parent.held:
+                    self.scheduler.abort(request)
+        return aborted
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
-        """One step (see ``_step``); then its KV-cache events, if any, go to the publisher."""
+        """One step (see ``_step``), its samples' outputs under their request's id; then the
+        held samples that may start now go to the scheduler, and the step's KV-cache events,
+        if any, to the publisher."""
         try:
-            return self._step()
+            return [self._relabel(output) for output in self._step()]
         finally:
+            self._release_samples()
             self._publish_kv_events()
+
+    def _relabel(self, output: RequestOutput) -> RequestOutput:
+        parent = self._parent_of.get(output.request_id)
+        if parent is None:
+            return output
+        output = parent.relabel(output)
+        if output.finished:
+            del self._parents[parent.request_id]
+            for child in parent.children:
+                del self._parent_of[child.request_id]
+        return output
+
+    def _release_samples(self) -> None:
+        for parent in self._parents.values():
+            for request in parent.release():
+                self.scheduler.add(request)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block, as vLLM's ``reset_prefix_cache``: only while no request
@@ -307,7 +363,8 @@ class LLMEngine:
 
     def _fail(self, request: Request) -> None:
         """Finish ``request`` with reason ``"error"`` and free its blocks."""
-        if request.is_finished:
+        parent = self._parent_of.get(request.request_id)
+        if request.is_finished or (parent is not None and request in parent.held):
             request.finish("error")
         else:
             self.scheduler.abort(request, "error")

@@ -51,21 +51,29 @@ class RequestOutput:
 
 
 def join_outputs(deltas: Sequence[RequestOutput]) -> RequestOutput:
-    """The deltas of one request, in order, as one output: tokens, text and logprobs
-    concatenated, the prompt logprobs of the first, everything else of the last (one delta
-    is its own join: no copy)."""
+    """The deltas of one request, in order, as one output: per sample (``index``), tokens,
+    text and logprobs concatenated, the samples in index order; the prompt logprobs of the
+    first delta, everything else of the last (one delta is its own join: no copy)."""
     if len(deltas) == 1:
         return deltas[0]
-    last = deltas[-1]
-    completion = last.outputs[0]
-    pieces = [d.outputs[0] for d in deltas]
+    samples: dict[int, list[CompletionOutput]] = {}
+    for delta in deltas:
+        for piece in delta.outputs:
+            samples.setdefault(piece.index, []).append(piece)
+    joined = [_join(samples[index]) for index in sorted(samples)]
+    return dataclasses.replace(
+        deltas[-1], outputs=joined, prompt_logprobs=deltas[0].prompt_logprobs
+    )
+
+
+def _join(pieces: list[CompletionOutput]) -> CompletionOutput:
+    last = pieces[-1]
     logprobs = None
-    if completion.logprobs is not None:
+    if last.logprobs is not None:
         logprobs = [lp for piece in pieces for lp in piece.logprobs or ()]
-    joined = dataclasses.replace(
-        completion,
+    return dataclasses.replace(
+        last,
         token_ids=[t for piece in pieces for t in piece.token_ids],
         text="".join(piece.text for piece in pieces),
         logprobs=logprobs,
     )
-    return dataclasses.replace(last, outputs=[joined], prompt_logprobs=deltas[0].prompt_logprobs)

@@ -5,6 +5,7 @@ import time
 
 import torch
 
+from kvserve.engine.block_hash import BlockHash
 from kvserve.engine.detokenizer import Detokenizer
 from kvserve.engine.outputs import Logprob
 from kvserve.engine.sampling_params import SamplingParams
@@ -49,7 +50,7 @@ class Request:
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.block_ids: list[int] = []
-        self.block_hashes: list[int] = []  # chained hashes of the full blocks cached so far
+        self.block_hashes: list[BlockHash] = []  # chained hashes of the full blocks cached so far
         self.num_cached_prompt_tokens = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

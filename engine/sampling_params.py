@@ -41,7 +41,8 @@ class SamplingParams:
     outputs, EOS and ``stop_token_ids`` cannot be sampled and stop strings do not
     count. ``logprobs``/``prompt_logprobs`` ask for that many top alternatives per
     position (0: only the chosen token's), taken from the raw logits (before bias,
-    penalties and temperature), as vLLM does by default.
+    penalties and temperature), as vLLM does by default. ``n`` samples are drawn for the
+    prompt (``parent_request``: with a seed, sample ``i`` uses ``seed + i``).
     """
 
     n: int = 1
@@ -95,8 +96,6 @@ class SamplingParams:
         for name, (ok, rule) in checks.items():
             if not ok:
                 raise ValueError(f"invalid {name}: {getattr(self, name)!r} (must be {rule})")
-        if self.n != 1:
-            raise ValueError("n > 1 is not supported by this engine yet")
 
     def replace(self, **changes) -> "SamplingParams":
         return dataclasses.replace(self, **changes)

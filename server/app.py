@@ -12,7 +12,8 @@ from kvserve.server.body import MAX_BODY_BYTES, read_json
 from kvserve.server.endpoints import create_chat_completion, create_completion
 from kvserve.server.errors import APIError, bad_request, unavailable
 from kvserve.server.openapi import openapi_document
-from kvserve.server.protocol import DetokenizeRequest, TokenizeRequest, parse_body
+from kvserve.server.protocol.base import parse_body
+from kvserve.server.protocol.tokens import DetokenizeRequest, TokenizeRequest
 from kvserve.server.request_params import chat_prompt_ids, check_model
 from kvserve.server.state import REQUEST_ID, ServerState
 

@@ -24,7 +24,7 @@ from kvserve.engine.structured.compiler import GrammarCompiler
 from kvserve.engine.structured.spec import OutputConstraint
 from kvserve.server.body import check_json
 from kvserve.server.errors import APIError, bad_request
-from kvserve.server.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice, Tool
+from kvserve.server.protocol.chat import ChatCompletionRequest, ChatMessage, NamedToolChoice, Tool
 from kvserve.server.structured import check_compiles, checked_constraint
 from kvserve.server.tool_parsers import TOOL_PARSERS
 from kvserve.server.tool_parsers.base import ToolCallStream, ToolParser, tool_call

@@ -7,7 +7,9 @@ from aiohttp import web
 from kvserve.server.body import read_json
 from kvserve.server.chat_tools import chat_constraint, tool_use
 from kvserve.server.fan_out import fan_out
-from kvserve.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from kvserve.server.protocol.base import parse_body
+from kvserve.server.protocol.chat import ChatCompletionRequest
+from kvserve.server.protocol.completions import CompletionRequest
 from kvserve.server.request_params import (
     chat_prompt_ids,
     check_model,
@@ -47,5 +49,5 @@ async def create_chat_completion(state: ServerState, request: web.Request) -> we
     params = sampling_params(body, max_tokens, logprobs, None, constraint)
     framing = Framing.of(request[REQUEST_ID], state.model_name, chat=True)
     fan = await fan_out(state, framing.api_id, "messages", [prompt], params, body.n)
-    render = chat_render(state.llm.tokenizer, body, tools, len(fan.streams))
+    render = chat_render(state.llm.tokenizer, body, tools, fan.num_choices)
     return await respond(Reply(state, request, body, framing, fan, [len(prompt)], render))

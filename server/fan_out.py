@@ -1,9 +1,10 @@
 """One API request as engine requests, and their outputs merged back as they come.
 
-One API request becomes one engine request per (prompt, sample): choice ``p * n + i``
-is sample ``i`` of prompt ``p``, with seed ``seed + i`` when a seed is given, so that
-the samples differ but each is reproducible. The engine's outputs are deltas; ``merge``
-yields them as they come, each with its choice's index.
+One API request becomes one engine request per prompt, each with the body's ``n``: the engine
+draws the ``n`` samples (``engine/parent_request.py``: seeds ``seed + i``, and the samples
+after the first start from its cached prompt). Choice ``p * n + i`` is sample ``i`` of prompt
+``p``. The engine's outputs are deltas; ``merge`` yields them as they come, each with its
+choice's index.
 """
 
 import asyncio
@@ -39,20 +40,20 @@ def admit(state: ServerState, count: int, param: str) -> Reservation:
         raise
 
 
-def child_params(params: SamplingParams, n: int) -> list[SamplingParams]:
-    if params.seed is None:
-        return [params] * n
-    return [params.replace(seed=params.seed + i) for i in range(n)]
-
-
 @dataclass
 class FanOut:
-    """The engine requests of one API request (choice ``i`` is ``request_ids[i]``, its
-    outputs ``streams[i]``) and their admission, to close when the response is done."""
+    """The engine requests of one API request (prompt ``p`` is ``request_ids[p]``, its
+    outputs ``streams[p]``, its samples choices ``p * n`` to ``p * n + n - 1``) and their
+    admission, to close when the response is done."""
 
     reservation: Reservation
     request_ids: list[str]
     streams: list[AsyncIterator[RequestOutput]]
+    n: int
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.streams) * self.n
 
 
 async def fan_out(
@@ -63,24 +64,16 @@ async def fan_out(
     params: SamplingParams,
     n: int,
 ) -> FanOut:
-    """Admit the request, then add every (prompt, sample) to the engine; if one is
-    refused, abort those added.
-
-    With prefix caching on, the other samples of a prompt are added once the first has
-    computed it, so that they share its cached blocks instead of computing their own."""
+    """Admit the request (``n`` engine requests a prompt), then add each prompt to the
+    engine; if one is refused, abort those added."""
     reservation = admit(state, len(prompts) * n, "n" if n > 1 else prompt_param)
-    samples = child_params(params, n)
     request_ids: list[str] = []
     streams: list[AsyncIterator[RequestOutput]] = []
-    share = n > 1 and state.llm.enable_prefix_caching
     try:
         for p, prompt in enumerate(prompts):
-            for i in range(n):
-                request_id = state.engine_request_id(api_id, p * n + i)
-                request_ids.append(request_id)
-                streams.append(await state.llm.add_request(request_id, prompt, samples[i]))
-                if i == 0 and share:
-                    streams[-1] = await _after_prefill(streams[-1])
+            request_id = state.engine_request_id(api_id, p)
+            request_ids.append(request_id)
+            streams.append(await state.llm.add_request(request_id, prompt, params.replace(n=n)))
     except BaseException as exc:
         reservation.close()
         for request_id in request_ids:
@@ -90,40 +83,29 @@ async def fan_out(
         if isinstance(exc, ENGINE_ERRORS):
             raise engine_error(exc) from None
         raise
-    return FanOut(reservation, request_ids, streams)
-
-
-async def _after_prefill(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
-    """Wait for the stream's first output, then return the stream, that output included."""
-    first = await anext(stream)
-
-    async def replay() -> AsyncIterator[RequestOutput]:
-        yield first
-        async for output in stream:
-            yield output
-
-    return replay()
+    return FanOut(reservation, request_ids, streams, n)
 
 
 async def merge(
-    streams: list[AsyncIterator[RequestOutput]],
+    streams: list[AsyncIterator[RequestOutput]], n: int
 ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
-    """``(choice index, output)`` from every stream, as they come; leaving early aborts all."""
+    """``(choice index, output)`` from every stream (prompt ``p``'s sample ``i`` is choice
+    ``p * n + i``), as they come; leaving early aborts all."""
     if len(streams) == 1:
         async for output in streams[0]:
-            yield 0, output
+            yield output.outputs[0].index, output
         return
     queue: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
 
-    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+    async def pump(prompt: int, stream: AsyncIterator[RequestOutput]) -> None:
         try:
             async for output in stream:
-                queue.put_nowait((index, output))
+                queue.put_nowait((prompt * n + output.outputs[0].index, output))
         except Exception as exc:
-            queue.put_nowait((index, exc))
-        queue.put_nowait((index, None))
+            queue.put_nowait((prompt, exc))
+        queue.put_nowait((prompt, None))
 
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    tasks = [asyncio.create_task(pump(p, s)) for p, s in enumerate(streams)]
     try:
         remaining = len(tasks)
         while remaining:

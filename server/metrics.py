@@ -127,7 +127,7 @@ class ServerMetrics:
         )
         self._last_counts = (0, 0, 0, 0)
         # Per unfinished request that has tokens: when its latest token came out.
-        self._last_token_time: dict[str, float | None] = {}
+        self._last_token_time: dict[tuple[str, int], float | None] = {}  # by (request, sample)
         self._engine_idle = True  # as of the last step: nothing running, nothing waiting
         self.snapshot = ExpositionSnapshot(registry)
 
@@ -156,10 +156,12 @@ class ServerMetrics:
 
     def _on_output(self, output: RequestOutput) -> None:
         """vLLM's per-output accounting of a delta: the prompt's tokens by source with the
-        first token, then one inter-token latency per later output that brings tokens."""
+        first token, then one inter-token latency per later output that brings tokens; each
+        sample of a request (``n > 1``) counts as a request of its own."""
         completion = output.outputs[0]
+        sample = (output.request_id, completion.index)
         new = len(completion.token_ids)
-        last_token_time = self._last_token_time.get(output.request_id)
+        last_token_time = self._last_token_time.get(sample)
         if new and completion.num_output_tokens == new:
             self._count_prompt(output)
         elif new and last_token_time is not None and output.last_token_time is not None:
@@ -168,9 +170,9 @@ class ServerMetrics:
             self.tpot.observe(latency)
         self.generation_tokens.inc(new)
         if new:
-            self._last_token_time[output.request_id] = output.last_token_time
-        if output.finished:
-            self._last_token_time.pop(output.request_id, None)
+            self._last_token_time[sample] = output.last_token_time
+        if completion.finish_reason is not None:
+            self._last_token_time.pop(sample, None)
             self._record_finished(output)
 
     def _count_prompt(self, output: RequestOutput) -> None:
@@ -204,12 +206,14 @@ class ServerMetrics:
             self._last_token_time.clear()
         self.snapshot.rebuild()
 
-    def on_abort(self, request_id: str, stats) -> None:
-        """An abort is counted in the same update as the gauges it lowered."""
+    def on_abort(self, request_id: str, stats, num_aborted: int) -> None:
+        """An abort (of ``num_aborted`` samples still running) is counted in the same update
+        as the gauges it lowered."""
         with self.snapshot.update():
             self._set_gauges(stats)
-            self._last_token_time.pop(request_id, None)
-            self.success["abort"].inc()
+            for sample in [s for s in self._last_token_time if s[0] == request_id]:
+                del self._last_token_time[sample]
+            self.success["abort"].inc(num_aborted)
 
     def on_rejected(self) -> None:
         with self.snapshot.update():

@@ -9,12 +9,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from kvserve.server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
-)
+from kvserve.server.protocol.chat import ChatCompletionRequest
+from kvserve.server.protocol.completions import CompletionRequest
+from kvserve.server.protocol.tokens import DetokenizeRequest, TokenizeRequest
 
 REQUESTS: dict[str, type[BaseModel]] = {
     "/v1/completions": CompletionRequest,

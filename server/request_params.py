@@ -5,7 +5,8 @@ from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.structured.spec import OutputConstraint
 from kvserve.server.chat_tools import template_messages, template_tools
 from kvserve.server.errors import APIError, bad_request
-from kvserve.server.protocol import ChatMessage, SamplingBody, Tool
+from kvserve.server.protocol.chat import ChatMessage, Tool
+from kvserve.server.protocol.sampling import SamplingBody
 from kvserve.server.state import ServerState
 
 

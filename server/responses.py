@@ -16,7 +16,8 @@ from kvserve.engine.detokenizer import decode_text
 from kvserve.engine.outputs import Logprob, RequestOutput, join_outputs
 from kvserve.server.chat_tools import ToolUse
 from kvserve.server.logprobs import chat_logprobs, completion_logprobs
-from kvserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from kvserve.server.protocol.chat import ChatCompletionRequest
+from kvserve.server.protocol.completions import CompletionRequest
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Choice:
 
     @property
     def finished(self) -> bool:
-        return self.latest is not None and self.latest.finished
+        return self.latest is not None and self.latest.outputs[0].finish_reason is not None
 
     @property
     def num_tokens(self) -> int:

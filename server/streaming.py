@@ -10,7 +10,7 @@ from aiohttp import web
 from kvserve.engine.outputs import RequestOutput
 from kvserve.server.errors import unavailable
 from kvserve.server.fan_out import ENGINE_ERRORS, FanOut, engine_error, merge
-from kvserve.server.protocol import SamplingBody
+from kvserve.server.protocol.sampling import SamplingBody
 from kvserve.server.responses import Choice, Framing, Render, usage
 from kvserve.server.sse import DONE, open_event_stream, send_event
 from kvserve.server.state import ServerState
@@ -30,12 +30,12 @@ class Reply:
     choices: list[Choice] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.choices = [Choice(i) for i in range(len(self.fan.streams))]
+        self.choices = [Choice(i) for i in range(self.fan.num_choices)]
 
     def receive(self, index: int, output: RequestOutput) -> Choice:
         choice = self.choices[index]
         choice.receive(output)
-        if output.finished:
+        if choice.finished:
             self.fan.reservation.done(index)
         return choice
 
@@ -45,8 +45,9 @@ async def respond(reply: Reply) -> web.StreamResponse:
     try:
         return await _send(reply)
     finally:
-        for choice, request_id in zip(reply.choices, reply.fan.request_ids, strict=True):
-            if not choice.finished:
+        n = reply.fan.n
+        for p, request_id in enumerate(reply.fan.request_ids):
+            if not all(choice.finished for choice in reply.choices[p * n : p * n + n]):
                 reply.state.llm.abort(request_id)
         reply.fan.reservation.close()
 
@@ -55,7 +56,7 @@ async def _send(reply: Reply) -> web.StreamResponse:
     """The response; at the drain deadline a stream ends with ``finish_reason: "abort"``
     for each unfinished choice and ``[DONE]``, and a whole response becomes a 503."""
     framing, choices = reply.framing, reply.choices
-    outputs = reply.state.drain.until_cut(merge(reply.fan.streams))
+    outputs = reply.state.drain.until_cut(merge(reply.fan.streams, reply.fan.n))
     if not reply.body.stream:
         try:
             async for index, output in outputs:

@@ -8,7 +8,7 @@ from typing import Any
 from kvserve.engine.structured.compiler import GrammarCompiler, InvalidConstraintError
 from kvserve.engine.structured.spec import OutputConstraint
 from kvserve.server.errors import bad_request
-from kvserve.server.protocol import SamplingBody
+from kvserve.server.protocol.sampling import SamplingBody
 
 
 def _json_schema(value: str | dict[str, Any], param: str) -> OutputConstraint:

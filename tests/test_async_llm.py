@@ -126,7 +126,7 @@ class StepsWithOutputs:
             self.steps += 1
             self.outputs += len(outputs)
 
-    def on_abort(self, request_id: str, stats) -> None:
+    def on_abort(self, request_id: str, stats, num_aborted: int) -> None:
         pass
 
     def on_engine_dead(self, stats, num_failed: int) -> None:

@@ -24,7 +24,7 @@ class Aborts:
     def on_step(self, stats, outputs) -> None:
         pass
 
-    def on_abort(self, request_id: str, stats) -> None:
+    def on_abort(self, request_id: str, stats, num_aborted: int) -> None:
         self.aborted.append(request_id)
 
     def on_engine_dead(self, stats, num_failed: int) -> None:

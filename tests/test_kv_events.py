@@ -18,8 +18,8 @@ from kvserve.conformance.kv_events import (
     decode_replay_frames,
     parse_topic,
 )
+from kvserve.engine.block_hash import sha256_chain
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.kv_cache_manager import chain_hash
 from kvserve.engine.kv_events import KVEventsConfig
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.sampling_params import SamplingParams
@@ -107,25 +107,21 @@ def run(engine: LLMEngine, prompts: dict[str, list[int]], params: SamplingParams
 
 
 def engine_cache(engine: LLMEngine) -> set[bytes]:
-    """The hashes of the engine's prefix-cache index, written as the wire writes them."""
+    """The hashes of the engine's prefix-cache index (the wire carries them as they are)."""
     hashes = {b.block_hash for b in engine.kv.pool.blocks if b.block_hash is not None}
     assert {h for h in hashes if engine.kv.pool.lookup(h) is None} == set()
-    return {(h % 2**64).to_bytes(8, "big") for h in hashes}
+    return hashes
 
 
 def medium(engine: LLMEngine) -> str:
     return "GPU" if engine.plan.device.type == "cuda" else "CPU"
 
 
-def key(wire: bytes | None) -> int | None:
-    return None if wire is None else int.from_bytes(wire, "big", signed=True)
-
-
 def assert_model_is_the_engine_cache(model: CacheModel, engine: LLMEngine) -> None:
     assert model.problems == []
     assert model.blocks == engine_cache(engine)
     for block, parent in model.parents.items():  # the parent link and tokens make the key
-        assert key(block) == chain_hash(key(parent), list(model.tokens[block]))
+        assert block == sha256_chain(parent, list(model.tokens[block]))
 
 
 def test_stream_replayed_is_the_engine_prefix_cache_after_evictions_and_preemption(
@@ -167,11 +163,10 @@ def test_block_stored_carries_the_prompt_blocks_exactly(checkpoint, subscriber):
     finally:
         engine.shutdown()
     topic, _, batch = decode_frames(subscriber.messages[-1])
-    first = chain_hash(None, prompt[:4])
-    second = chain_hash(first, prompt[4:8])
-    wire = [(h % 2**64).to_bytes(8, "big") for h in (first, second)]
+    first = sha256_chain(None, prompt[:4])
+    second = sha256_chain(first, prompt[4:8])
     assert topic == TOPIC and batch.data_parallel_rank == 0
-    stored = BlockStored(tuple(wire), None, tuple(prompt[:8]), 4, None, medium(engine))
+    stored = BlockStored((first, second), None, tuple(prompt[:8]), 4, None, medium(engine))
     assert batch.events == (stored,)
 
 
@@ -246,6 +241,6 @@ def test_kvserve_serve_publishes_with_the_flag(checkpoint, subscriber, tmp_path)
         else:
             raise AssertionError("no KV-event batch from the server")
     topic, _, batch = decode_frames(frames)
-    (stored,) = batch.events  # the key is the server's own (hash(None) differs per process)
-    assert topic == TOPIC and len(stored.block_hashes) == 1 and len(stored.block_hashes[0]) == 8
-    assert stored == BlockStored(stored.block_hashes, None, tuple(prompt[:4]), 4, None, "CPU")
+    (stored,) = batch.events  # the server's key is the one this process computes
+    key = sha256_chain(None, prompt[:4])
+    assert topic == TOPIC and stored == BlockStored((key,), None, tuple(prompt[:4]), 4, None, "CPU")

@@ -118,7 +118,7 @@ def test_values_follow_steps_and_finished_requests():
     metrics.on_step(stats, [output(1, 2.0)])
     metrics.on_step(stats, [output(2, 2.5)])
     metrics.on_step(stats, [output(3, 3.5, True, "length")])
-    metrics.on_abort("other", stats)
+    metrics.on_abort("other", stats, 1)
     assert _sample(metrics, "vllm:num_requests_running") == 3
     assert _sample(metrics, "vllm:num_requests_waiting") == 2
     assert _sample(metrics, "vllm:num_requests_waiting_by_reason", reason="capacity") == 2
@@ -168,7 +168,7 @@ def test_an_abort_and_the_gauges_it_lowers_show_together():
     metrics = ServerMetrics("m")
     metrics.on_step(SchedulerStats(1, 0, 0.5), [])
     metrics.snapshot.rebuild()
-    metrics.on_abort("r", SchedulerStats(0, 0, 0.0))
+    metrics.on_abort("r", SchedulerStats(0, 0, 0.0), 1)
     body = metrics.exposition()
     assert b'vllm:request_success_total{finished_reason="abort",model_name="m"} 1.0' in body
     assert b'vllm:num_requests_running{model_name="m"} 0.0' in body

@@ -3,7 +3,9 @@
 import pytest
 
 from kvserve.server.errors import APIError
-from kvserve.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from kvserve.server.protocol.base import parse_body
+from kvserve.server.protocol.chat import ChatCompletionRequest
+from kvserve.server.protocol.completions import CompletionRequest
 
 
 def _error(model, body: dict) -> dict:

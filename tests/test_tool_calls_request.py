@@ -10,7 +10,9 @@ from kvserve.engine.structured.spec import OutputConstraint
 from kvserve.server.chat_tools import required_schema, template_messages, tool_use
 from kvserve.server.cli import build_parser, main, serve_parser
 from kvserve.server.errors import APIError
-from kvserve.server.protocol import ChatCompletionRequest, TokenizeRequest, parse_body
+from kvserve.server.protocol.base import parse_body
+from kvserve.server.protocol.chat import ChatCompletionRequest
+from kvserve.server.protocol.tokens import TokenizeRequest
 from kvserve.server.tool_parsers.forced import NamedToolParser, RequiredToolParser
 from kvserve.server.tool_parsers.hermes import HermesToolParser
 

@@ -1,0 +1,62 @@
+"""One request for ``n`` samples as ``n`` engine requests, and their outputs under its id.
+
+Sample ``i`` of request ``R`` runs as the engine request ``f"{i}_{R}"`` (vLLM's naming) with
+``n = 1`` and, when ``R`` has a seed, seed ``seed + i``: the samples differ, each is
+reproducible. Its outputs go out as ``R``'s, each carrying that one sample's
+``CompletionOutput`` with ``index = i``; ``finished`` is set on the output that ends the last
+sample. With prefix caching on, samples 1..n-1 are held back until sample 0 has computed the
+prompt (its first output), so that they start from its cached blocks instead of each
+computing the prompt again.
+"""
+
+import dataclasses
+
+from kvserve.engine.outputs import RequestOutput
+from kvserve.engine.request import Request
+from kvserve.engine.sampling_params import SamplingParams
+
+
+def child_params(params: SamplingParams) -> list[SamplingParams]:
+    """The ``n`` samples' parameters: ``n = 1`` each, seeds ``seed + i`` when seeded."""
+    if params.seed is None:
+        return [params.replace(n=1)] * params.n
+    return [params.replace(n=1, seed=params.seed + i) for i in range(params.n)]
+
+
+def child_id(request_id: str, index: int) -> str:
+    return f"{index}_{request_id}"
+
+
+class ParentRequest:
+    """The samples of one request: which are unfinished, which are held back."""
+
+    def __init__(self, request_id: str, children: list[Request], hold: bool) -> None:
+        self.request_id = request_id
+        self.children = children
+        self.index = {c.request_id: i for i, c in enumerate(children)}
+        self.unfinished = set(self.index)
+        self.held = children[1:] if hold else []
+
+    def release(self) -> list[Request]:
+        """The held samples, once sample 0 has computed the prompt (or ended): they go to
+        the scheduler now (but for any that failed while held). Empty while it has not, or
+        once released."""
+        leader = self.children[0]
+        if not self.held or not (leader.num_outputs or leader.is_finished):
+            return []
+        released, self.held = self.held, []
+        return [r for r in released if not r.is_finished]
+
+    def relabel(self, output: RequestOutput) -> RequestOutput:
+        """A sample's output as this request's: its completion's index set, ``finished``
+        only when no sample is left running."""
+        (completion,) = output.outputs
+        if completion.finish_reason is not None:
+            self.unfinished.discard(output.request_id)
+        index = self.index[output.request_id]
+        return dataclasses.replace(
+            output,
+            request_id=self.request_id,
+            outputs=[dataclasses.replace(completion, index=index)],
+            finished=not self.unfinished,
+        )
