@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from kvserve import SamplingParams
-from kvserve.engine import cpu_library
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.cpu_graphs import CPUDecodeGraphs, Recording, use_cpu_graphs
+from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs, Recording, use_cpu_graphs
+from kvserve.engine.kernels import cpu_library
+from kvserve.engine.kernels.row_argmax import row_argmax
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models import fused_ops, packed_linear
-from kvserve.engine.row_argmax import row_argmax
 
 pytestmark = pytest.mark.skipif(not cpu_library.available(), reason="needs the C kernels")
 

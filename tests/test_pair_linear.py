@@ -10,7 +10,7 @@ import torch
 from cpu_paths import float64_linear, num_threads
 from torch import nn
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.models import amx_linear, dpbf16_linear
 from kvserve.engine.models.packed_linear import PackedLinear, pack_linears
 

@@ -11,8 +11,8 @@ of the qkv projection, one row copy per token.
 
 import torch
 
-from kvserve.engine import cpu_library
 from kvserve.engine.attention.torch_backend import TorchAttention
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.models import dpbf16_linear
 from kvserve.engine.models.fused_ops import rows_of_heads
 

@@ -19,7 +19,7 @@ import functools
 import torch
 from torch import nn
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.models.kernel_linear import KernelLinear
 
 

@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.models.amx_linear import PairLinear
 
 

@@ -8,7 +8,7 @@ kernels' SIMD path (default: the widest this CPU runs)."""
 import torch
 import torch.nn.functional as F
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -25,7 +25,7 @@ def _kernels(*tensors: torch.Tensor):
 
 def _triton_fused():
     """The Triton kernels, imported on first use: a process on a CPU never loads Triton."""
-    from kvserve.engine.models import triton_fused
+    from kvserve.engine.kernels import triton_fused
 
     return triton_fused
 

@@ -7,7 +7,7 @@ features, x's row stride, threads), then their own arguments (``kernel_args``)."
 import torch
 from torch import nn
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 
 
 class KernelLinear(nn.Module):

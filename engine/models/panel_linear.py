@@ -20,8 +20,8 @@ import ctypes
 import torch
 from torch import nn
 
-from kvserve.engine import cpu_features, cpu_library
 from kvserve.engine.cdiv import cdiv
+from kvserve.engine.kernels import cpu_isa, cpu_library
 from kvserve.engine.models.kernel_linear import KernelLinear
 
 
@@ -49,7 +49,7 @@ def can_use(dtype: torch.dtype, device: torch.device) -> bool:
         device.type == "cpu"
         and (
             dtype == torch.float32
-            or (dtype == torch.bfloat16 and not cpu_features.native_bf16(cpu_features.cpu_flags()))
+            or (dtype == torch.bfloat16 and not cpu_isa.native_bf16(cpu_isa.cpu_flags()))
         )
         and cpu_library.available()
         and cpu_library.default_isa() in PANEL_ISAS

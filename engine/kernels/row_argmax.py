@@ -5,7 +5,7 @@ the first, a NaN beats any number). On a CPU it is one vectorised pass per row o
 
 import torch
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 
 
 def row_argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The project's C kernels for the CPU (``engine/csrc``), built into one shared library and
+"""The project's C kernels for the CPU (``engine/kernels/csrc``), built into one shared library and
 loaded with ctypes (which drops the GIL while a kernel runs).
 
 The library is compiled with the system C compiler on first use (about a second) into a
