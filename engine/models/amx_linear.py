@@ -69,4 +69,3 @@ class AmxLinear(PairLinear):
     """``PairLinear`` on AMX tiles."""
 
     kernel = "linear_bf16_amx"
-    isa = "amx"

@@ -39,4 +39,3 @@ class DpBf16Linear(PairLinear):
     """``PairLinear`` on AVX-512-BF16 dot products."""
 
     kernel = "linear_bf16_dp"
-    isa = "avx512_bf16"

@@ -62,6 +62,8 @@ class PanelLinear(KernelLinear):
     transposed (W: the panel width of ``isa``), zeros past the last row; ``kernel_bias``:
     the bias in float32 with zeros to a whole panel (or None)."""
 
+    isa: str
+
     def __init__(self, linear: nn.Linear, isa: str | None = None) -> None:
         super().__init__()
         self.isa = isa or cpu_library.default_isa()
@@ -79,5 +81,5 @@ class PanelLinear(KernelLinear):
             self.kernel_bias = torch.zeros(padded, dtype=torch.float32)
             self.kernel_bias[: self.out_features] = linear.bias.detach()
 
-    def kernel_args(self) -> tuple[int, ...]:
-        return (cpu_library.ISAS[self.isa],)
+    def kernel_args(self) -> dict[str, int]:
+        return {"isa": cpu_library.ISAS[self.isa]}
