@@ -364,7 +364,8 @@ def measure_kernels(config: LlamaConfig, device, bandwidth_gbs: float) -> dict:
     the keys split as the launch picks vs unsplit (and the KV read floor), and each fused
     elementwise kernel vs the torch expressions it replaces, at batch 1 and 64."""
     from kvserve.engine.attention.triton_backend import attention_launch, paged_attention
-    from kvserve.engine.models import fused_ops, triton_fused
+    from kvserve.engine.kernels import triton_fused
+    from kvserve.engine.models import fused_ops
     from kvserve.engine.models.model_config import RopeConfig
     from kvserve.engine.models.rope import RotaryEmbedding
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from kvserve.engine import cpu_features
+from kvserve.engine.kernels import cpu_isa
 from kvserve.engine.models.packed_linear import can_pack, packed
 
 
@@ -46,7 +46,7 @@ def cpu_model() -> str:
     """The first CPU's model name with its family and model numbers (a VM may show only the
     vendor's line, "AMD EPYC", for every generation), and whether ``hold_avx2`` holds this
     process to AVX2 (it sets ``HOLD_AVX2``, which the processes started from here inherit)."""
-    fields = cpu_features.first_cpu(Path("/proc/cpuinfo").read_text())
+    fields = cpu_isa.first_cpu(Path("/proc/cpuinfo").read_text())
     name = fields.get("model name") or platform.processor() or "unknown"
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']}, model {fields['model']})"
@@ -60,7 +60,7 @@ def cpu_flags(
 ) -> str:
     """Which of the flags that pick the kernels and the dtype (`names`) this CPU has, e.g.
     "avx2 yes, avx512f no, ..."."""
-    have = cpu_features.cpu_flags()
+    have = cpu_isa.cpu_flags()
     return ", ".join(f"{name} {'yes' if name in have else 'no'}" for name in names)
 
 

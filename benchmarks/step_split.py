@@ -27,7 +27,7 @@ from checkpoint import SHAPES, build_checkpoint
 from throughput import DTYPES, Workload
 
 from kvserve import LLM, SamplingParams
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 
 
 class Split:

@@ -9,9 +9,9 @@ import torch
 from kvserve.engine.attention.backend import AttentionBackend, select_backend
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import DTYPES, EngineConfig
-from kvserve.engine.cpu_features import cpu_flags, native_bf16
-from kvserve.engine.cpu_graphs import use_cpu_graphs
-from kvserve.engine.cuda_graphs import use_cuda_graphs
+from kvserve.engine.graphs.cpu_graphs import use_cpu_graphs
+from kvserve.engine.graphs.cuda_graphs import use_cuda_graphs
+from kvserve.engine.kernels.cpu_isa import cpu_flags, native_bf16
 from kvserve.engine.kv_cache_sizing import (
     configured_kv_blocks,
     cuda_kv_cache_blocks,

@@ -9,10 +9,10 @@ import torch
 from kvserve.engine import host_allocator
 from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.cpu_graphs import CPUDecodeGraphs
-from kvserve.engine.cuda_graphs import DecodeGraphs, capture_sizes
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan
+from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
+from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.request import Request

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 
 ISA_PARAMS = [
     pytest.param(

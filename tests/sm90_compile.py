@@ -3,7 +3,7 @@ assembler's register and spill counts.
 
     python tests/sm90_compile.py < JOBS.json   → one JSON report per job on stdout
 
-A job is ``{"kernel": name in triton_kernels or triton_fused, "dtype": "bf16"|"fp16"|"fp32",
+A job is ``{"kernel": name in triton_attention or triton_fused, "dtype": "bf16"|"fp16"|"fp32",
 "constants": {...}, "num_warps": n}``. It runs in a process of its own: Triton must not be in
 interpreter mode, which the CPU test session turns on.
 """
@@ -18,8 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kvserve.engine.attention import triton_kernels
-from kvserve.engine.models import triton_fused
+from kvserve.engine.kernels import triton_attention, triton_fused
 
 HOPPER = GPUTarget("cuda", 90, 32)
 INDEX_POINTERS = {
@@ -36,7 +35,7 @@ INDEX_POINTERS = {
 
 def report(kernel: str, dtype: str, constants: dict, num_warps: int) -> dict[str, int]:
     """Tensors in ``dtype``, int32 strides and sizes, fp32 scale and eps."""
-    fn = getattr(triton_kernels, kernel, None) or getattr(triton_fused, kernel)
+    fn = getattr(triton_attention, kernel, None) or getattr(triton_fused, kernel)
     signature = {}
     for name in fn.arg_names:
         if name in constants:

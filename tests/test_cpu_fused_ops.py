@@ -6,7 +6,8 @@ import pytest
 import torch
 from cpu_paths import ISA_PARAMS, num_threads
 
-from kvserve.engine.models import fused_ops, triton_fused
+from kvserve.engine.kernels import triton_fused
+from kvserve.engine.models import fused_ops
 from kvserve.engine.models.model_config import RopeConfig
 from kvserve.engine.models.rope import RotaryEmbedding
 

@@ -5,12 +5,13 @@ import pytest
 import torch
 
 from kvserve import SamplingParams
-from kvserve.engine import cpu_library
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.cpu_graphs import CPUDecodeGraphs, Recording, use_cpu_graphs
+from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs, Recording, use_cpu_graphs
+from kvserve.engine.kernels import cpu_library
+from kvserve.engine.kernels.cpu_signatures import SIGNATURES
+from kvserve.engine.kernels.row_argmax import row_argmax
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models import fused_ops, packed_linear
-from kvserve.engine.row_argmax import row_argmax
 
 pytestmark = pytest.mark.skipif(not cpu_library.available(), reason="needs the C kernels")
 
@@ -176,6 +177,8 @@ def test_a_recorded_kernel_call_replays_on_its_addresses():
 
 
 def test_a_failing_replayed_call_raises():
-    call = cpu_library.KernelCall(lambda *args: -2, (), "paged_decode", "avx2")
+    names = SIGNATURES["paged_decode"].names
+    args = tuple(cpu_library.ISAS["avx2"] if name == "isa" else 0 for name in names)
+    call = cpu_library.KernelCall(lambda *args: -2, args, "paged_decode")
     with pytest.raises(RuntimeError, match=r"^paged_decode failed \(-2\) on the avx2 path$"):
         call()

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvserve.engine import cpu_library
 from kvserve.engine.attention.backend import select_backend
 from kvserve.engine.attention.cpu_backend import CPUAttention
 from kvserve.engine.attention.torch_backend import TorchAttention
-from kvserve.engine.cpu_features import cpu_flags
+from kvserve.engine.kernels import cpu_library
+from kvserve.engine.kernels.cpu_isa import cpu_flags
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
@@ -88,8 +88,8 @@ def test_an_installed_kvserve_carries_every_kernel_source():
     the package data must name every file the library is built from."""
     root = Path(__file__).resolve().parents[1]
     config = tomllib.loads((root / "pyproject.toml").read_text())
-    globs = config["tool"]["setuptools"]["package-data"]["kvserve.engine"]
-    shipped = {path for pattern in globs for path in (root / "engine").glob(pattern)}
+    globs = config["tool"]["setuptools"]["package-data"]["kvserve.engine.kernels"]
+    shipped = {path for pattern in globs for path in (root / "engine" / "kernels").glob(pattern)}
     sources = {path.resolve() for path in cpu_library.sources()}
     assert sources and sources <= {path.resolve() for path in shipped}
 
@@ -98,7 +98,7 @@ def test_loading_the_kernel_keeps_subnormal_floats(kernel_dir):
     """-ffast-math at link time would add a constructor that flushes subnormals to zero in
     every thread of the process that loads the library (numpy, hypothesis, user code)."""
     code = (
-        "from kvserve.engine import cpu_library\n"
+        "from kvserve.engine.kernels import cpu_library\n"
         "assert cpu_library.available()\n"
         "print(2.2250738585072014e-308 / 2 > 0)\n"
     )

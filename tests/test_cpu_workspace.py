@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 
 SHARED, THREAD = 0, 1  # cpu_workspace.h's uses
 

@@ -6,13 +6,13 @@ import torch
 
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.cuda_graphs import (
+from kvserve.engine.graphs.cuda_graphs import (
     DecodeGraphs,
-    StaticDecodeBatch,
     capture_sizes,
     padded_size,
     use_cuda_graphs,
 )
+from kvserve.engine.graphs.static_batch import StaticDecodeBatch
 from kvserve.engine.llm_engine import LLMEngine
 
 

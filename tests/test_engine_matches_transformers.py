@@ -8,8 +8,8 @@ from cpu_paths import num_threads
 from joined_outputs import JoinedOutputs
 
 from kvserve import SamplingParams
-from kvserve.engine import cpu_library
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models import decoder, panel_linear
 

@@ -10,9 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kvserve import LLM, SamplingParams
-from kvserve.engine import cpu_library, execution_plan
+from kvserve.engine import execution_plan
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models.model_config import ModelConfig
 

@@ -108,13 +108,14 @@ def test_bf16_linears_are_prepacked_and_give_the_same_tokens(bf16, checkpoint, m
     """Whichever kernel packs bf16 linears here (AMX, AVX-512-BF16, oneDNN, or, on a CPU
     whose bf16 is emulated, the panel kernel over bf16 panels), the tokens are those of
     torch's own bf16 linears. ``emulated`` takes this CPU's bf16 flags away."""
-    from kvserve.engine import cpu_features, execution_plan
+    from kvserve.engine import execution_plan
+    from kvserve.engine.kernels import cpu_isa
     from kvserve.engine.models import amx_linear, dpbf16_linear, panel_linear
     from kvserve.engine.models.packed_linear import PackedLinear, can_pack
 
     if bf16 == "emulated":
-        flags = cpu_features.cpu_flags() - cpu_features.NATIVE_BF16_FLAGS
-        monkeypatch.setattr(cpu_features, "cpu_flags", lambda: flags)
+        flags = cpu_isa.cpu_flags() - cpu_isa.NATIVE_BF16_FLAGS
+        monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: flags)
         monkeypatch.setattr(amx_linear, "can_use", lambda dtype, device: False)
         monkeypatch.setattr(dpbf16_linear, "can_use", lambda dtype, device: False)
     if not can_pack(torch.bfloat16, torch.device("cpu")):

@@ -10,7 +10,7 @@ import torch
 from cpu_paths import float64_linear, num_threads
 from torch import nn
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.models import amx_linear, dpbf16_linear
 from kvserve.engine.models.packed_linear import PackedLinear, pack_linears
 
@@ -75,12 +75,28 @@ def test_pair_kernel_takes_strided_and_batched_inputs(kernel):
 
 @needs_dpbf16
 def test_dpbf16_kernel_refuses_shapes_it_does_not_take():
-    lib = cpu_library.load()
     x, panels, out = (torch.zeros(64, dtype=torch.bfloat16) for _ in range(3))
-    ptrs = (x.data_ptr(), panels.data_ptr(), None, out.data_ptr())
-    assert lib.linear_bf16_dp(*ptrs, 1, 24, 2, 2, 1) == -1  # out features not a multiple of 16
-    assert lib.linear_bf16_dp(*ptrs, 1, 16, 3, 3, 1) == -1  # an odd number of in features
-    assert lib.linear_bf16_dp(*ptrs, 1, 16, 2, 2, 1) == 0
+
+    def linear(n: int, k: int) -> None:
+        cpu_library.run(
+            "linear_bf16_dp",
+            x=x.data_ptr(),
+            panels=panels.data_ptr(),
+            bias=None,
+            out=out.data_ptr(),
+            m=1,
+            n=n,
+            k=k,
+            x_stride=k,
+            num_threads=1,
+        )
+
+    refused = r"^linear_bf16_dp failed \(-1\)$"
+    with pytest.raises(RuntimeError, match=refused):
+        linear(n=24, k=2)  # out features not a multiple of 16
+    with pytest.raises(RuntimeError, match=refused):
+        linear(n=16, k=3)  # an odd number of in features
+    linear(n=16, k=2)
 
 
 def test_pair_linear_packs_column_pairs_of_16_column_blocks():

@@ -9,7 +9,7 @@ import torch
 from cpu_paths import ISA_PARAMS, float64_linear, num_threads
 from torch import nn
 
-from kvserve.engine import cpu_features, cpu_library
+from kvserve.engine.kernels import cpu_isa, cpu_library
 from kvserve.engine.models import panel_linear
 from kvserve.engine.models.packed_linear import PackedLinear, pack_linears
 
@@ -124,7 +124,7 @@ def test_pack_linears_takes_the_panel_kernel_for_bf16_only_where_bf16_is_emulate
 ):
     monkeypatch.setattr(cpu_library, "default_isa", lambda: isa)
     flags = frozenset({"avx2", "avx512f"} | ({"avx512_bf16"} if native else set()))
-    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: flags)
     # the kernels of native bf16 (AMX, AVX-512-BF16) skip this shape: k is odd
     model = nn.Sequential(nn.Linear(7, 8)).to(torch.bfloat16)
     if isa != "baseline" and not native:

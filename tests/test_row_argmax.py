@@ -6,7 +6,7 @@ import pytest
 import torch
 from cpu_paths import ISA_PARAMS, num_threads
 
-from kvserve.engine.row_argmax import row_argmax
+from kvserve.engine.kernels.row_argmax import row_argmax
 
 
 @pytest.fixture(params=[1, 3], ids=["1-thread", "3-threads"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 
 from checkpoints import build_checkpoint
 

@@ -18,7 +18,6 @@ from cpu_paths import ISA_PARAMS, num_threads
 from joined_outputs import JoinedOutputs
 
 from kvserve import SamplingParams
-from kvserve.engine import cpu_library
 from kvserve.engine.attention import triton_backend
 from kvserve.engine.attention.backend import select_backend
 from kvserve.engine.attention.cpu_backend import CPUAttention
@@ -31,6 +30,7 @@ from kvserve.engine.attention.triton_backend import (
 )
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models import dpbf16_linear
 
@@ -623,7 +623,7 @@ def test_kernels_run_interpreted_without_cuda():
     """Guards the conftest switch: on CPU the kernels must be the interpreter's."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from kvserve.engine.attention.triton_kernels import paged_attention_kernel
+    from kvserve.engine.kernels.triton_attention import paged_attention_kernel
 
     assert isinstance(paged_attention_kernel, InterpretedFunction) != torch.cuda.is_available()
 

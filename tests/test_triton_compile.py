@@ -16,7 +16,7 @@ from kvserve.engine.attention.triton_backend import (
     attention_launch,
     store_kv_constants,
 )
-from kvserve.engine.models.triton_fused import SILU_BLOCK
+from kvserve.engine.kernels.triton_fused import SILU_BLOCK
 
 DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 SHAPES = {  # num_heads, num_kv_heads, head_dim

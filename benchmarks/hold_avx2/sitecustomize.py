@@ -32,15 +32,15 @@ for _name in dir(torch.cpu):
         setattr(torch.cpu, _name, _no)
 
 try:
-    from kvserve.engine import cpu_features, cpu_library
+    from kvserve.engine.kernels import cpu_isa, cpu_library
     from kvserve.engine.models import amx_linear, dpbf16_linear
 except ImportError:  # vLLM's venv
     pass
 else:
     _isas = cpu_library.supported_isas
     cpu_library.supported_isas = lambda: [isa for isa in _isas() if isa != "avx512"]
-    _flags = frozenset(f for f in cpu_features.cpu_flags() if not f.startswith(("avx512", "amx")))
-    cpu_features.cpu_flags = lambda: _flags
+    _flags = frozenset(f for f in cpu_isa.cpu_flags() if not f.startswith(("avx512", "amx")))
+    cpu_isa.cpu_flags = lambda: _flags
     amx_linear._usable = dpbf16_linear._usable = _no
 
 print(f"[hold_avx2] {sys.argv[0]}: torch capability {torch.backends.cpu.get_cpu_capability()}",

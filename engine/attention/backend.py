@@ -58,7 +58,7 @@ def _backend(device: torch.device, choice: str) -> AttentionBackend:
     if choice not in ATTENTION_BACKENDS:
         raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {choice!r}")
     if choice == "auto":
-        from kvserve.engine import cpu_library
+        from kvserve.engine.kernels import cpu_library
 
         choice = "triton" if device.type == "cuda" else "cpu"
         if choice == "cpu" and not cpu_library.available():

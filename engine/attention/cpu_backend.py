@@ -11,8 +11,8 @@ of the qkv projection, one row copy per token.
 
 import torch
 
-from kvserve.engine import cpu_library
 from kvserve.engine.attention.torch_backend import TorchAttention
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.models import dpbf16_linear
 from kvserve.engine.models.fused_ops import rows_of_heads
 
@@ -51,14 +51,17 @@ class CPUAttention(TorchAttention):
             return
         cpu_library.run(
             "store_kv",
-            self.isa,
-            *_pointers(key, value, key_cache, value_cache, slot_mapping),
-            key.shape[0],
-            key.shape[1] * key.shape[2],
-            key.stride(0),
-            value.stride(0),
-            DTYPES[key.dtype],
-            torch.get_num_threads(),
+            key=key.data_ptr(),
+            value=value.data_ptr(),
+            key_cache=key_cache.data_ptr(),
+            value_cache=value_cache.data_ptr(),
+            slots=slot_mapping.data_ptr(),
+            tokens=key.shape[0],
+            row_len=key.shape[1] * key.shape[2],
+            key_stride=key.stride(0),
+            value_stride=value.stride(0),
+            is_bf16=DTYPES[key.dtype],
+            num_threads=torch.get_num_threads(),
         )
 
     def _decode(self, query, key_cache, value_cache, meta, seqs: list[int], scale: float):
@@ -70,13 +73,15 @@ class CPUAttention(TorchAttention):
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         self._run(
             "paged_decode",
-            *_pointers(query, key_cache, value_cache, tables, seq_lens, out),
-            query.stride(0),
-            len(seqs),
-            *_geometry(query, key_cache, tables),
-            scale,
-            DTYPES[query.dtype],
-            int(self.bf16_dots and query.dtype == torch.bfloat16),
+            query,
+            key_cache,
+            value_cache,
+            tables,
+            seq_lens=seq_lens.data_ptr(),
+            out=out.data_ptr(),
+            q_stride=query.stride(0),
+            num_seqs=len(seqs),
+            scale=scale,
         )
         return out
 
@@ -95,19 +100,47 @@ class CPUAttention(TorchAttention):
         assert out.is_contiguous()
         self._run(
             "paged_prefill",
-            *_pointers(query, key_cache, value_cache, tables, seq_lens, query_starts, query_lens),
-            out.data_ptr(),
-            len(seqs),
-            *_geometry(query, key_cache, tables),
-            scale,
-            DTYPES[query.dtype],
-            int(self.bf16_dots and query.dtype == torch.bfloat16),
+            query,
+            key_cache,
+            value_cache,
+            tables,
+            seq_lens=seq_lens.data_ptr(),
+            query_starts=query_starts.data_ptr(),
+            query_lens=query_lens.data_ptr(),
+            out=out.data_ptr(),
+            num_seqs=len(seqs),
+            scale=scale,
         )
 
-    def _run(self, kernel: str, *args) -> None:
-        """C kernel ``kernel`` on ``args``, then torch's thread count and this SIMD path."""
+    def _run(
+        self,
+        kernel: str,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        tables: torch.Tensor,
+        **args: int | float,
+    ) -> None:
+        """Attention kernel ``kernel`` on ``args`` and what both take alike: the query, the
+        caches and block tables with their geometry, the dtype, whether bf16 dot products
+        are taken, torch's thread count and this SIMD path."""
+        _, num_heads, head_dim = query.shape
         cpu_library.run(
-            kernel, self.isa, *args, torch.get_num_threads(), cpu_library.ISAS[self.isa]
+            kernel,
+            q=query.data_ptr(),
+            key_cache=key_cache.data_ptr(),
+            value_cache=value_cache.data_ptr(),
+            tables=tables.data_ptr(),
+            num_heads=num_heads,
+            num_kv_heads=key_cache.shape[2],
+            head_dim=head_dim,
+            block_size=key_cache.shape[1],
+            table_stride=tables.shape[1],
+            is_bf16=DTYPES[query.dtype],
+            bf16_dots=int(self.bf16_dots and query.dtype == torch.bfloat16),
+            num_threads=torch.get_num_threads(),
+            isa=cpu_library.ISAS[self.isa],
+            **args,
         )
 
 
@@ -125,13 +158,3 @@ def _sequences(meta, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         index = torch.tensor(seqs)
         tables, seq_lens = meta.block_tables[index], meta.seq_lens[index]
     return tables.to(torch.int32).contiguous(), seq_lens.to(torch.int32).contiguous()
-
-
-def _pointers(*tensors: torch.Tensor) -> list[int]:
-    return [t.data_ptr() for t in tensors]
-
-
-def _geometry(query, key_cache, tables) -> tuple[int, ...]:
-    """num_heads, num_kv_heads, head_dim, block_size, table_stride."""
-    _, num_heads, head_dim = query.shape
-    return num_heads, key_cache.shape[2], head_dim, key_cache.shape[1], tables.shape[1]

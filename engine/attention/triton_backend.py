@@ -7,7 +7,7 @@ import triton
 
 from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.attention.metadata import AttentionMetadata
-from kvserve.engine.attention.triton_kernels import (
+from kvserve.engine.kernels.triton_attention import (
     merge_splits_kernel,
     paged_attention_kernel,
     store_kv_kernel,

@@ -19,7 +19,7 @@ import functools
 import torch
 from torch import nn
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.models.kernel_linear import KernelLinear
 
 
@@ -69,4 +69,3 @@ class AmxLinear(PairLinear):
     """``PairLinear`` on AMX tiles."""
 
     kernel = "linear_bf16_amx"
-    isa = "amx"

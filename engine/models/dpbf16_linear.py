@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.models.amx_linear import PairLinear
 
 
@@ -39,4 +39,3 @@ class DpBf16Linear(PairLinear):
     """``PairLinear`` on AVX-512-BF16 dot products."""
 
     kernel = "linear_bf16_dp"
-    isa = "avx512_bf16"

@@ -8,7 +8,7 @@ kernels' SIMD path (default: the widest this CPU runs)."""
 import torch
 import torch.nn.functional as F
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -25,7 +25,7 @@ def _kernels(*tensors: torch.Tensor):
 
 def _triton_fused():
     """The Triton kernels, imported on first use: a process on a CPU never loads Triton."""
-    from kvserve.engine.models import triton_fused
+    from kvserve.engine.kernels import triton_fused
 
     return triton_fused
 
@@ -76,19 +76,18 @@ def rms_norm(
     isa = _isa(isa)
     cpu_library.run(
         "add_rms_norm",
-        isa,
-        x.data_ptr(),
-        None if residual is None else residual.data_ptr(),
-        weight.data_ptr(),
-        out.data_ptr(),
-        x.numel() // n,
-        n,
-        heads,
-        token_stride,
-        eps,
-        DTYPES[x.dtype],
-        torch.get_num_threads(),
-        cpu_library.ISAS[isa],
+        x=x.data_ptr(),
+        residual=None if residual is None else residual.data_ptr(),
+        weight=weight.data_ptr(),
+        out=out.data_ptr(),
+        rows=x.numel() // n,
+        n=n,
+        heads=heads,
+        x_token_stride=token_stride,
+        eps=eps,
+        is_bf16=DTYPES[x.dtype],
+        num_threads=torch.get_num_threads(),
+        isa=cpu_library.ISAS[isa],
     )
     return out
 
@@ -105,14 +104,13 @@ def silu_and_mul(gate_up: torch.Tensor, isa: str | None = None) -> torch.Tensor:
     isa = _isa(isa)
     cpu_library.run(
         "silu_and_mul",
-        isa,
-        gate_up.data_ptr(),
-        out.data_ptr(),
-        gate_up.numel() // (2 * n),
-        n,
-        DTYPES[gate_up.dtype],
-        torch.get_num_threads(),
-        cpu_library.ISAS[isa],
+        gate_up=gate_up.data_ptr(),
+        out=out.data_ptr(),
+        rows=gate_up.numel() // (2 * n),
+        n=n,
+        is_bf16=DTYPES[gate_up.dtype],
+        num_threads=torch.get_num_threads(),
+        isa=cpu_library.ISAS[isa],
     )
     return out
 
@@ -145,21 +143,20 @@ def rope(
     isa = _isa(isa)
     cpu_library.run(
         "rope",
-        isa,
-        q.data_ptr(),
-        k.data_ptr(),
-        positions.data_ptr(),
-        cos_sin.data_ptr(),
-        q.shape[0],
-        q.shape[1],
-        k.shape[1],
-        q.shape[2],
-        q.stride(0),
-        k.stride(0),
-        cos_sin.shape[1],
-        DTYPES[q.dtype],
-        torch.get_num_threads(),
-        cpu_library.ISAS[isa],
+        q=q.data_ptr(),
+        k=k.data_ptr(),
+        positions=positions.data_ptr(),
+        cos_sin=cos_sin.data_ptr(),
+        tokens=q.shape[0],
+        q_heads=q.shape[1],
+        k_heads=k.shape[1],
+        head_dim=q.shape[2],
+        q_stride=q.stride(0),
+        k_stride=k.stride(0),
+        max_positions=cos_sin.shape[1],
+        is_bf16=DTYPES[q.dtype],
+        num_threads=torch.get_num_threads(),
+        isa=cpu_library.ISAS[isa],
     )
     return q, k
 

@@ -1,20 +1,20 @@
 """The forward shared by the linear layers whose product is one call of a C kernel of the
 project's library (``cpu_library``): ``panel_linear`` (float32), ``amx_linear`` and
 ``dpbf16_linear`` (bf16).
-Each kernel takes (x, packed weight, float32 bias or NULL, out, rows, out features, in
-features, x's row stride, threads), then their own arguments (``kernel_args``)."""
+Each kernel takes x, panels (the packed weight), bias (float32, or NULL), out, m (rows), n
+(out features), k (in features), x_stride (x's row stride) and num_threads, then its own
+arguments (``kernel_args``)."""
 
 import torch
 from torch import nn
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 
 
 class KernelLinear(nn.Module):
     """``nn.Linear``'s forward over ``x``'s rows (any leading shape, rows strided or not) into
     a new ``out_dtype`` tensor through the library's function ``kernel``, over ``panels`` (the
-    weight as that kernel packs it) and ``kernel_bias`` (float32, or None); ``isa`` names the
-    path in a failure."""
+    weight as that kernel packs it) and ``kernel_bias`` (float32, or None)."""
 
     panels: torch.Tensor
     kernel_bias: torch.Tensor | None
@@ -22,11 +22,10 @@ class KernelLinear(nn.Module):
     out_features: int
     out_dtype: torch.dtype
     kernel: str
-    isa: str
 
-    def kernel_args(self) -> tuple[int, ...]:
-        """The kernel's arguments after the thread count."""
-        return ()
+    def kernel_args(self) -> dict[str, int]:
+        """The kernel's own arguments, by name."""
+        return {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -35,16 +34,15 @@ class KernelLinear(nn.Module):
         out = torch.empty(rows.shape[0], self.out_features, dtype=self.out_dtype)
         cpu_library.run(
             self.kernel,
-            self.isa,
-            rows.data_ptr(),
-            self.panels.data_ptr(),
-            None if self.kernel_bias is None else self.kernel_bias.data_ptr(),
-            out.data_ptr(),
-            rows.shape[0],
-            self.out_features,
-            self.in_features,
-            rows.stride(0),
-            torch.get_num_threads(),
-            *self.kernel_args(),
+            x=rows.data_ptr(),
+            panels=self.panels.data_ptr(),
+            bias=None if self.kernel_bias is None else self.kernel_bias.data_ptr(),
+            out=out.data_ptr(),
+            m=rows.shape[0],
+            n=self.out_features,
+            k=self.in_features,
+            x_stride=rows.stride(0),
+            num_threads=torch.get_num_threads(),
+            **self.kernel_args(),
         )
         return out.view(*x.shape[:-1], self.out_features)

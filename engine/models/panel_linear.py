@@ -20,8 +20,8 @@ import ctypes
 import torch
 from torch import nn
 
-from kvserve.engine import cpu_features, cpu_library
 from kvserve.engine.cdiv import cdiv
+from kvserve.engine.kernels import cpu_isa, cpu_library
 from kvserve.engine.models.kernel_linear import KernelLinear
 
 
@@ -49,7 +49,7 @@ def can_use(dtype: torch.dtype, device: torch.device) -> bool:
         device.type == "cpu"
         and (
             dtype == torch.float32
-            or (dtype == torch.bfloat16 and not cpu_features.native_bf16(cpu_features.cpu_flags()))
+            or (dtype == torch.bfloat16 and not cpu_isa.native_bf16(cpu_isa.cpu_flags()))
         )
         and cpu_library.available()
         and cpu_library.default_isa() in PANEL_ISAS
@@ -61,6 +61,8 @@ class PanelLinear(KernelLinear):
     ``panels``: [ceil(out / W), in, W] in that dtype, the weight's rows W at a time,
     transposed (W: the panel width of ``isa``), zeros past the last row; ``kernel_bias``:
     the bias in float32 with zeros to a whole panel (or None)."""
+
+    isa: str
 
     def __init__(self, linear: nn.Linear, isa: str | None = None) -> None:
         super().__init__()
@@ -79,5 +81,5 @@ class PanelLinear(KernelLinear):
             self.kernel_bias = torch.zeros(padded, dtype=torch.float32)
             self.kernel_bias[: self.out_features] = linear.bias.detach()
 
-    def kernel_args(self) -> tuple[int, ...]:
-        return (cpu_library.ISAS[self.isa],)
+    def kernel_args(self) -> dict[str, int]:
+        return {"isa": cpu_library.ISAS[self.isa]}

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 from k8s.support import BUILD_TIMEOUT, build_image
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 from kvserve.server.cli import DEFAULT_MODEL
 
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT + 300)  # the first test's setup may build it cold

@@ -5,7 +5,7 @@ the first, a NaN beats any number). On a CPU it is one vectorised pass per row o
 
 import torch
 
-from kvserve.engine import cpu_library
+from kvserve.engine.kernels import cpu_library
 
 
 def row_argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor:
@@ -19,13 +19,12 @@ def row_argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor:
     isa = isa or cpu_library.default_isa()
     cpu_library.run(
         "row_argmax",
-        isa,
-        x.data_ptr(),
-        out.data_ptr(),
-        x.shape[0],
-        x.shape[1],
-        x.stride(0),
-        torch.get_num_threads(),
-        cpu_library.ISAS[isa],
+        x=x.data_ptr(),
+        out=out.data_ptr(),
+        rows=x.shape[0],
+        cols=x.shape[1],
+        row_stride=x.stride(0),
+        num_threads=torch.get_num_threads(),
+        isa=cpu_library.ISAS[isa],
     )
     return out

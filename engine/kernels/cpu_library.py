@@ -1,5 +1,6 @@
-"""The project's C kernels for the CPU (``engine/csrc``), built into one shared library and
-loaded with ctypes (which drops the GIL while a kernel runs).
+"""The project's C kernels for the CPU (``csrc/``), built into one shared library and loaded
+with ctypes (which drops the GIL while a kernel runs). ``run`` calls one with its arguments
+by name (``cpu_signatures``: each entry point's parameters, as its prototype has them).
 
 The library is compiled with the system C compiler on first use (about a second) into a
 cache folder; ``KVSERVE_KERNEL_DIR`` names that folder instead: an image compiles it there
@@ -25,6 +26,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvserve.engine.kernels.cpu_signatures import SIGNATURES
+
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
@@ -35,25 +38,6 @@ FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC"]
 LINK = ["-shared", "-fopenmp"]
 LIBS = ["-lmvec", "-lm"]
 ISAS = {"baseline": 0, "avx2": 1, "avx512": 2}
-
-_P, _I, _F, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
-SIGNATURES = {
-    "best_isa": [],
-    "paged_decode": [_P] * 6 + [_L] + [_I] * 6 + [_F] + [_I] * 4,
-    "paged_prefill": [_P] * 8 + [_I] * 6 + [_F] + [_I] * 4,
-    "add_rms_norm": [_P] * 4 + [_I] * 3 + [_L, _F] + [_I] * 3,
-    "silu_and_mul": [_P] * 2 + [_I] * 5,
-    "rope": [_P] * 4 + [_I] * 4 + [_L] * 2 + [_I] * 4,
-    "store_kv": [_P] * 5 + [_I] * 2 + [_L] * 2 + [_I] * 2,
-    "linear_tile_shape": [_I, _P],
-    "linear_f32": [_P] * 4 + [_I] * 3 + [_L] + [_I] * 2,
-    "linear_bf16": [_P] * 4 + [_I] * 3 + [_L] + [_I] * 2,
-    "amx_usable": [],
-    "linear_bf16_amx": [_P] * 4 + [_I] * 3 + [_L] + [_I],
-    "dpbf16_usable": [],
-    "linear_bf16_dp": [_P] * 4 + [_I] * 3 + [_L] + [_I],
-    "row_argmax": [_P] * 2 + [_I] * 2 + [_L] + [_I] * 2,
-}
 
 
 def sources() -> list[Path]:
@@ -107,9 +91,10 @@ def load() -> ctypes.CDLL | None:
             return None
         _build(target, compiler)
     lib = ctypes.CDLL(str(target))
-    for name, argtypes in SIGNATURES.items():
+    for name, signature in SIGNATURES.items():
         function = getattr(lib, name)
-        function.restype, function.argtypes = ctypes.c_int, argtypes
+        function.restype = ctypes.c_int
+        function.argtypes = [ctype for _, ctype in signature.params]
     return lib
 
 
@@ -130,35 +115,48 @@ def supported_isas() -> list[str]:
     return [name for name, level in ISAS.items() if level <= best]
 
 
-def check(status: int, kernel: str, isa: str) -> None:
-    if status != 0:
-        raise RuntimeError(f"{kernel} failed ({status}) on the {isa} path")
-
-
 @dataclass(frozen=True)
 class KernelCall:
-    """One call of a kernel, as ``run`` made it: replayable while every address in ``args``
-    stays valid."""
+    """One call of a kernel, as ``run`` made it: its arguments in the prototype's order,
+    replayable while every address in them stays valid."""
 
     function: Callable[..., int]
     args: tuple
     kernel: str
-    isa: str
 
     def __call__(self) -> None:
-        check(self.function(*self.args), self.kernel, self.isa)
+        if (status := self.function(*self.args)) != 0:
+            raise _failure(self.kernel, status, self.args)
 
 
 _recording: ContextVar[list[KernelCall] | None] = ContextVar("kernel_calls", default=None)
 
 
-def run(kernel: str, isa: str, *args) -> None:
-    """Calls ``kernel`` on ``args`` (raising if it fails on the ``isa`` path), and appends
-    the call to the list that ``recording`` gives, if one is open in this context."""
-    call = KernelCall(getattr(load(), kernel), args, kernel, isa)
+def run(kernel: str, /, **args: int | float | None) -> None:
+    """Calls ``kernel`` with its arguments by name (a TypeError naming any argument missing,
+    unknown or of the wrong type; a RuntimeError if the kernel fails), and appends the call
+    to the list that ``recording`` gives, if one is open in this context."""
+    signature = SIGNATURES[kernel]
+    values = signature.arguments(args)
+    function = getattr(load(), kernel)
     if (calls := _recording.get()) is not None:
-        calls.append(call)
-    call()
+        calls.append(KernelCall(function, values, kernel))
+    try:
+        status = function(*values)
+    except ctypes.ArgumentError as error:
+        raise signature.wrong_type(error) from error
+    if status != 0:
+        raise _failure(kernel, status, values)
+
+
+def _failure(kernel: str, status: int, args: tuple) -> RuntimeError:
+    """The error of a call of ``kernel`` on ``args`` that returned ``status`` (not 0)."""
+    names = SIGNATURES[kernel].names
+    path = ""
+    if "isa" in names:
+        level = args[names.index("isa")]
+        path = " on the " + next((n for n, v in ISAS.items() if v == level), "?") + " path"
+    return RuntimeError(f"{kernel} failed ({status}){path}")
 
 
 @contextlib.contextmanager
