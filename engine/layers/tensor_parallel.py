@@ -29,6 +29,19 @@ class TensorParallel:
         if self.size > 1 and self.group is None:
             raise ValueError("a group of more than one rank needs its process group")
 
+    def kv_heads(self, num_kv_heads: int) -> int:
+        """The kv heads each rank holds: its share when ``size`` divides them, else one
+        (replicated: ``num_kv_heads`` must then divide ``size``, each head held by
+        ``size // num_kv_heads`` ranks, those whose query heads use it)."""
+        if num_kv_heads % self.size == 0:
+            return num_kv_heads // self.size
+        if self.size % num_kv_heads == 0:
+            return 1
+        raise ValueError(
+            f"{num_kv_heads} kv heads cannot be split over {self.size} ranks: use a "
+            "tensor-parallel size that divides them or that they divide"
+        )
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` summed over the ranks, in place."""
         if self.size > 1:
