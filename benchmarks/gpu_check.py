@@ -209,12 +209,10 @@ def decoding(engine, batch: int, prompt_len: int, params, seed: int):
     prefilled, so that each following step is a decode step; aborted on exit."""
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
-    requests = [
-        engine.add_request(
-            f"decode-{batch}-{i}", [rng.randrange(2, vocab) for _ in range(prompt_len)], params
-        )
-        for i in range(batch)
-    ]
+    ids = [f"decode-{batch}-{i}" for i in range(batch)]
+    for request_id in ids:
+        engine.add_request(request_id, [rng.randrange(2, vocab) for _ in range(prompt_len)], params)
+    requests = [engine.requests[request_id] for request_id in ids]
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in requests):
         engine.step()
     try:

@@ -1,4 +1,5 @@
-"""The engine loop: schedule, execute, sample, update."""
+"""The engine core's loop: schedule, execute, sample, update (requests come in through
+``input_processor`` and leave as deltas through ``output_processor``)."""
 
 import logging
 from collections.abc import Callable
@@ -7,19 +8,20 @@ import torch
 from transformers import AutoTokenizer
 
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.detokenizer import Detokenizer
-from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
+from kvserve.engine.input_processor import InputProcessor
 from kvserve.engine.kv_cache_manager import KVCacheManager
 from kvserve.engine.kv_events import KVEventLog
 from kvserve.engine.kv_events_publisher import ZmqEventPublisher
 from kvserve.engine.model_runner import ModelRunner
 from kvserve.engine.models.model_config import ModelConfig
-from kvserve.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from kvserve.engine.parent_request import ParentRequest, child_id, child_params
+from kvserve.engine.output_processor import delta_output, take_text
+from kvserve.engine.outputs import Logprob, RequestOutput
+from kvserve.engine.parent_request import ParentRequest, ParentRequests, child_id
+from kvserve.engine.prompt_logprobs import record_prompt_logprobs
 from kvserve.engine.request import Request
-from kvserve.engine.sampler import Sampler, logprobs_of
-from kvserve.engine.sampling_params import SamplingParams, request_seed
+from kvserve.engine.sampler import Sampler
+from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import (
     Scheduler,
     SchedulerConfig,
@@ -28,7 +30,6 @@ from kvserve.engine.scheduler import (
 )
 from kvserve.engine.startup import StartupPhases
 from kvserve.engine.structured.compiler import GrammarCompiler
-from kvserve.engine.structured.matcher import RequestGrammar
 
 log = logging.getLogger(__name__)
 # Failed model forwards in a row after which the engine gives up (the device is broken).
@@ -87,10 +88,16 @@ class LLMEngine:
             self.tokenizer, self.model_config.vocab_size, tuple(sorted(self.eos_token_ids))
         )
         self._compiling: list[Request] = []  # constrained requests whose grammar is not ready
-        self.requests: dict[str, Request] = {}
-        self._parents: dict[str, ParentRequest] = {}  # requests of n > 1 samples, by id
-        self._parent_of: dict[str, ParentRequest] = {}  # ... by their samples' ids
-        self._num_taken = 0  # requests accepted so far: the index of an unseeded one's seed
+        self.requests: dict[str, Request] = {}  # by id; a request of n > 1: its samples'
+        self.parents = ParentRequests()
+        self.inputs = InputProcessor(
+            self.tokenizer,
+            self.model_config.vocab_size,
+            self.max_model_len,
+            self.kv,
+            self.grammars,
+            config.seed,
+        )
         self._consecutive_failures = 0
         log.info("execution plan: %s", self.plan)
         log.info("startup phases: %s", self.startup)
@@ -114,95 +121,25 @@ class LLMEngine:
         if it can never run."""
         ids = [request_id] if params.n == 1 else [child_id(request_id, i) for i in range(params.n)]
         for taken in {request_id, *ids}:
-            if taken in self.requests or taken in self._parents:
+            if taken in self.requests or taken in self.parents:
                 raise ValueError(f"request id {taken!r} is already in use")
-        text = prompt if isinstance(prompt, str) else None
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._validate(token_ids, params)
-        samples = [params] if params.n == 1 else child_params(params)
-        requests = [
-            self._request(i, token_ids, text, p, arrival_time)
-            for i, p in zip(ids, samples, strict=True)
-        ]
-        held: list[Request] = []
+        requests = self.inputs.process(request_id, prompt, params, arrival_time)
         if params.n > 1:
-            parent = ParentRequest(request_id, requests, self.config.enable_prefix_caching)
-            self._parents[request_id] = parent
-            self._parent_of.update(dict.fromkeys(ids, parent))
-            held = parent.held
+            self.parents.add(ParentRequest(request_id, requests, self.config.enable_prefix_caching))
         for request in requests:
             if request.grammar is not None:
                 self._compiling.append(request)
             self.requests[request.request_id] = request
-            if request not in held:
+            if not self.parents.is_held(request):
                 self.scheduler.add(request)
-
-    def _request(
-        self,
-        request_id: str,
-        token_ids: list[int],
-        text: str | None,
-        params: SamplingParams,
-        arrival_time: float | None,
-    ) -> Request:
-        detokenizer = Detokenizer(
-            self.tokenizer, token_ids, params.stop, params.skip_special_tokens
-        )
-        grammar = None
-        if params.constraint is not None:
-            grammar = RequestGrammar(self.grammars.submit(params.constraint))
-        if params.seed is None and self.config.seed is not None:
-            params = params.replace(seed=request_seed(self.config.seed, self._num_taken))
-        self._num_taken += 1
-        return Request(
-            request_id,
-            token_ids,
-            params,
-            text,
-            arrival_time,
-            detokenizer=detokenizer,
-            grammar=grammar,
-        )
-
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        if not token_ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(token_ids)} tokens, which leaves no room to generate "
-                f"within the model's context of {self.max_model_len} tokens"
-            )
-        needed = self.kv.blocks_needed(len(token_ids) + 1)
-        if needed > self.kv.pool.num_blocks:
-            raise ValueError(
-                f"the prompt needs {needed} KV blocks but the cache has only "
-                f"{self.kv.pool.num_blocks}"
-            )
-        vocab = self.model_config.vocab_size
-        for name, ids in (
-            ("logit_bias", params.logit_bias),
-            ("stop_token_ids", params.stop_token_ids),
-        ):
-            if not all(0 <= t < vocab for t in ids):
-                raise ValueError(f"invalid {name}: token ids must be in [0, {vocab})")
-        for name, num in (
-            ("logprobs", params.logprobs),
-            ("prompt_logprobs", params.prompt_logprobs),
-        ):
-            if num is not None and num > vocab:
-                raise ValueError(f"invalid {name}: {num} (must be at most the vocabulary, {vocab})")
 
     def abort_request(self, request_id: str) -> int:
         """Abort a request (each of its samples still running); how many were."""
-        parent = self._parents.pop(request_id, None)
-        children = [request_id] if parent is None else [c.request_id for c in parent.children]
+        parent = self.parents.pop(request_id)
+        samples = [request_id] if parent is None else list(parent.index)
         aborted = 0
-        for child in children:
-            self._parent_of.pop(child, None)
-            request = self.requests.pop(child, None)
+        for sample in samples:
+            request = self.requests.pop(sample, None)
             if request is not None:
                 aborted += 1
                 if parent is None or request not in parent.held:
@@ -217,26 +154,11 @@ class LLMEngine:
         held samples that may start now go to the scheduler, and the step's KV-cache events,
         if any, to the publisher."""
         try:
-            return [self._relabel(output) for output in self._step()]
+            return [self.parents.relabel(output) for output in self._step()]
         finally:
-            self._release_samples()
-            self._publish_kv_events()
-
-    def _relabel(self, output: RequestOutput) -> RequestOutput:
-        parent = self._parent_of.get(output.request_id)
-        if parent is None:
-            return output
-        output = parent.relabel(output)
-        if output.finished:
-            del self._parents[parent.request_id]
-            for child in parent.children:
-                del self._parent_of[child.request_id]
-        return output
-
-    def _release_samples(self) -> None:
-        for parent in self._parents.values():
-            for request in parent.release():
+            for request in self.parents.release():
                 self.scheduler.add(request)
+            self._publish_kv_events()
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block, as vLLM's ``reset_prefix_cache``: only while no request
@@ -286,7 +208,7 @@ class LLMEngine:
         self._consecutive_failures = 0
         sampling = out.sampling_requests
         sampled, failed = self._sample(logits[: len(sampling)], sampling)
-        failed += self._record_prompt_logprobs(out.prompt_logprob_spans, logits[len(sampling) :])
+        failed += record_prompt_logprobs(out.prompt_logprob_spans, logits[len(sampling) :])
         for request in failed:
             self._fail(request)
         kept = out.without_finished()
@@ -363,80 +285,18 @@ class LLMEngine:
 
     def _fail(self, request: Request) -> None:
         """Finish ``request`` with reason ``"error"`` and free its blocks."""
-        parent = self._parent_of.get(request.request_id)
-        if request.is_finished or (parent is not None and request in parent.held):
+        if request.is_finished or self.parents.is_held(request):
             request.finish("error")
         else:
             self.scheduler.abort(request, "error")
 
-    @staticmethod
-    def _record_prompt_logprobs(
-        spans: list[tuple[Request, range]], logits: torch.Tensor
-    ) -> list[Request]:
-        """Append each span's prompt logprobs; returns the requests for which that raised."""
-        row, failed = 0, []
-        for request, span in spans:
-            rows = logits[row : row + len(span)]
-            row += len(span)
-            if len(request.prompt_logprobs) != span.start + 1:
-                continue  # recomputed after a preemption: already recorded
-            try:
-                targets = request.prompt_token_ids[span.start + 1 : span.stop + 1]
-                target_ids = to_device(targets, logits.device, torch.long)
-                num_top = [request.params.prompt_logprobs or 0] * len(span)
-                request.prompt_logprobs.extend(logprobs_of(rows, target_ids, num_top))
-            except Exception:
-                log.exception("prompt logprobs of request %s failed", request.request_id)
-                failed.append(request)
-        return failed
-
-    @staticmethod
-    def _text(request: Request) -> str:
-        detokenizer = request.detokenizer
-        assert detokenizer is not None
-        if request.finish_reason == "error":
-            return ""
-        if request.is_finished:
-            detokenizer.flush()
-        return detokenizer.take(request.is_finished)
-
     def _output(self, request: Request) -> RequestOutput:
-        """What is new in the request since its previous output (a delta, see
-        ``RequestOutput``): it slices only the new tokens and logprobs, so a step's work does
-        not grow with the output. A request whose text raises fails (reason "error")."""
+        """The request's delta (``output_processor``); a request whose text raises fails
+        (reason "error")."""
         try:
-            text = self._text(request)
+            text = take_text(request)
         except Exception:
             log.exception("the text of request %s failed", request.request_id)
             self._fail(request)
             text = ""
-        sent, total = request.num_emitted_tokens, request.num_output_tokens
-        tokens = request.all_token_ids[request.num_prompt_tokens + sent :]
-        logprobs = request.logprobs[sent:] if request.params.logprobs is not None else None
-        first = request.num_outputs == 0
-        request.num_emitted_tokens, request.num_outputs = total, request.num_outputs + 1
-        completion = CompletionOutput(
-            0,
-            tokens,
-            text,
-            request.finish_reason,
-            request.stop_reason,
-            logprobs,
-            num_output_tokens=total,
-        )
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=[completion],
-            finished=request.is_finished,
-            num_cached_tokens=request.num_cached_prompt_tokens,
-            arrival_time=request.arrival_time,
-            first_scheduled_time=request.first_scheduled_time,
-            first_token_time=request.first_token_time,
-            last_token_time=request.last_token_time,
-            finished_time=request.finished_time,
-            prompt_logprobs=request.prompt_logprobs
-            if first and request.params.prompt_logprobs is not None
-            else None,
-        )
+        return delta_output(request, text)

@@ -60,3 +60,45 @@ class ParentRequest:
             outputs=[dataclasses.replace(completion, index=index)],
             finished=not self.unfinished,
         )
+
+
+class ParentRequests:
+    """The engine's requests of ``n > 1`` samples, by their id and by their samples' ids."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, ParentRequest] = {}
+        self._by_child: dict[str, ParentRequest] = {}
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._by_id
+
+    def add(self, parent: ParentRequest) -> None:
+        self._by_id[parent.request_id] = parent
+        self._by_child.update(dict.fromkeys(parent.index, parent))
+
+    def pop(self, request_id: str) -> ParentRequest | None:
+        """Forget a request (aborted or finished); None if it has no samples of its own."""
+        parent = self._by_id.pop(request_id, None)
+        if parent is not None:
+            for child in parent.index:
+                del self._by_child[child]
+        return parent
+
+    def is_held(self, request: Request) -> bool:
+        parent = self._by_child.get(request.request_id)
+        return parent is not None and request in parent.held
+
+    def relabel(self, output: RequestOutput) -> RequestOutput:
+        """A sample's output under its request's id (``ParentRequest.relabel``); any other
+        output as it is."""
+        parent = self._by_child.get(output.request_id)
+        if parent is None:
+            return output
+        output = parent.relabel(output)
+        if output.finished:
+            self.pop(parent.request_id)
+        return output
+
+    def release(self) -> list[Request]:
+        """Every held sample that may start now (``ParentRequest.release``)."""
+        return [r for parent in self._by_id.values() for r in parent.release()]
