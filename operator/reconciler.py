@@ -18,6 +18,7 @@ from kvserve.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvserve.operator.inference_pool import pool_condition, pool_name, stale_pools
 from kvserve.operator.kube import Kube, api_message
 from kvserve.operator.metrics_source import CONDITION, MetricsSource
+from kvserve.operator.names import name_problem
 from kvserve.operator.resource import selector_string
 from kvserve.operator.spec import InferencePoolSpec, InvalidSpec
 from kvserve.operator.status import build_status, reported_problem, with_condition
@@ -52,11 +53,17 @@ class Reconciler:
     ) -> dict[str, Any]:
         """``build_status`` from the Deployment and the pods; with the ``InferencePool``
         condition when ``pool`` (the spec's pool, whether the cluster serves its API) is given,
-        and the ``CustomMetrics`` condition when an HPA scales ``owner``."""
+        and the ``CustomMetrics`` condition when an HPA scales ``owner``.
+
+        The pods are listed by the selector of ``owner``'s name only if that name passes
+        ``name_problem``: one that fails it has no pods (nothing was applied), and one longer
+        than 63 characters makes a selector the API server refuses (400, "invalid label
+        value"), which would fail each reconcile before it writes the ``Degraded`` condition."""
         meta = owner["metadata"]
-        pods = self.kube.list_labelled(
-            "v1", "Pod", meta["namespace"], selector_string(meta["name"])
-        )
+        pods = []
+        if name_problem(meta["name"]) is None:
+            selector = selector_string(meta["name"])
+            pods = self.kube.list_labelled("v1", "Pod", meta["namespace"], selector)
         status = build_status(owner, deployment, problem, pods)
         if pool is not None:
             status = with_condition(status, owner, POOL_CONDITION, *pool_condition(owner, *pool))

@@ -39,11 +39,20 @@ def _as_operator(operator: Operator, monkeypatch: pytest.MonkeyPatch) -> Reconci
     return Reconciler(Kube(client.ApiClient(configuration)))
 
 
-@pytest.mark.parametrize("name", ["1model", "with.dot"])
+@pytest.mark.parametrize(
+    ("ns", "name"),
+    [
+        ("name-digit", "1model"),
+        ("name-dot", "with.dot"),
+        # Longer than a label value: a selector built from it is refused by the API server.
+        ("name-64", "a" * 64),
+        ("name-253", "a" * 253),
+    ],
+)
 def test_name_no_service_can_have_is_degraded_before_anything_is_applied(
-    plane: ControlPlane, operator: Operator, kube: Kube, name: str
+    plane: ControlPlane, operator: Operator, kube: Kube, ns: str, name: str
 ) -> None:
-    ns = namespace(plane, f"name-{name.replace('.', '-')}")
+    namespace(plane, ns)
     body = load_sample("cpu-demo.yaml")
     body["metadata"]["name"] = name
     apply_yaml(plane, ns, body)
@@ -64,6 +73,29 @@ def test_name_no_service_can_have_is_degraded_before_anything_is_applied(
     assert list(children(kube, ns, name).values()) == [None] * 4
     apps = client.AppsV1Api(plane.admin_client())
     assert apps.list_namespaced_deployment(ns).items == []
+    # No retry storm: the handler succeeded once, with nothing left to retry.
+    log = operator.text()
+    assert log.count(f"[{ns}/{name}] Handler 'reconcile' succeeded") == 1
+    assert f"[{ns}/{name}] Handler 'reconcile' failed" not in log
+
+
+def test_longest_name_is_served(plane: ControlPlane, operator: Operator, kube: Kube) -> None:
+    ns = namespace(plane, "name-63")
+    name = "a" + "-0" * 31
+    body = load_sample("cpu-demo.yaml")
+    body["metadata"]["name"] = name
+    apply_yaml(plane, ns, body)
+    wait_for(lambda: children(kube, ns, name)["Deployment"], "the Deployment")
+    degraded = wait_for(lambda: condition(llmd(kube, ns, name), "Degraded"), "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("False", "Reconciled")
+    found = children(kube, ns, name)
+    assert [kind for kind, child in found.items() if child is not None] == [
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+    ]
+    assert llmd(kube, ns, name)["status"]["endpoint"] == f"http://{name}.{ns}.svc:8000/v1"
+    assert events_for(plane, ns, name) == []
 
 
 def test_status_from_a_stale_read_never_replaces_a_newer_one(
