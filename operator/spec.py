@@ -2,9 +2,9 @@
 
 The CRD's openAPIV3Schema (crds/llmdeployment.yaml) rejects wrong types and ranges at the API
 server; its defaults equal the ones below (a test holds them together). What a v1.20 schema
-cannot express (cross-field rules, the model source's scheme) is checked here:
-``parse_spec`` raises ``InvalidSpec``, which the operator reports as a ``Degraded`` condition
-and an Event instead of retrying.
+cannot express (cross-field rules, the model source's scheme, strings Kubernetes limits where
+they go: ``names``) is checked here: ``parse_spec`` raises ``InvalidSpec``, which the operator
+reports as a ``Degraded`` condition and an Event instead of retrying.
 """
 
 import re
@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from kvserve.engine.settings import Declared
+from kvserve.operator.names import label_value_problem, service_name_problem
 from kvserve.operator.quantity import check_quantity
 from kvserve.operator.resource import HTTP_PORT
 from kvserve.server.server_settings import CRD_ENGINE_SETTINGS
@@ -210,4 +211,25 @@ def parse_spec(raw: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
     events = spec.engine.kv_events
     if events.enabled and events.port == HTTP_PORT:
         raise InvalidSpec(f"engine.kvEvents.port {HTTP_PORT} is the server's HTTP port")
+    problem = names_problem(spec)
+    if problem is not None:
+        raise InvalidSpec(problem)
     return spec, source
+
+
+def names_problem(spec: LLMDeploymentSpec) -> str | None:
+    """Why a string of ``spec`` cannot be put where it goes (``names``), or None: the values of
+    the pods' ``nodeSelector`` are label values, the endpoint picker is a Service. (The pool's
+    own name is a DNS-1123 subdomain, which the CRD's schema holds.)"""
+    res = spec.resources
+    values = [] if res.gpu_product is None else [("resources.gpuProduct", res.gpu_product)]
+    values += [(f"resources.nodeSelector[{k!r}]", v) for k, v in res.node_selector.items()]
+    for field, value in values:
+        problem = label_value_problem(field, value)
+        if problem is not None:
+            return problem
+    pool = spec.gateway.inference_pool
+    if pool is not None and pool.endpoint_picker_ref is not None:
+        field = "gateway.inferencePool.endpointPickerRef.name"
+        return service_name_problem(field, pool.endpoint_picker_ref.name)
+    return None

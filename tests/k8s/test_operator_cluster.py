@@ -189,6 +189,20 @@ def test_autoscaling_hpa_by_discovery_and_removal(
             {"resources": {"cpu": "2", "memory": "99999999Ei"}},
             "resources.memory '99999999Ei' is outside 512Mi..1Pi",
         ),
+        (
+            "long-gpu-product",
+            {"resources": {"gpus": 1, "gpuProduct": "NVIDIA-H100-80GB-HBM3-" + "x" * 42}},
+            f"resources.gpuProduct {'NVIDIA-H100-80GB-HBM3-' + 'x' * 42!r} cannot be a label "
+            "value: use at most 63 letters, digits, '-', '_' or '.', beginning and ending with "
+            "a letter or digit",
+        ),
+        (
+            "long-picker-name",
+            {"gateway": {"inferencePool": {"endpointPickerRef": {"name": "e" * 64, "port": 1}}}},
+            f"gateway.inferencePool.endpointPickerRef.name {'e' * 64!r} cannot name a Service: "
+            "use a DNS-1035 label (a lowercase letter, then lowercase letters, digits or '-', "
+            "not ending in '-', at most 63 characters)",
+        ),
     ],
 )
 def test_invalid_spec_is_degraded_with_an_event(

@@ -76,12 +76,54 @@ def test_bad_model_sources(source: str, message: str) -> None:
             {"model": {"source": "/m"}, "engine": {"kvEvents": {"enabled": True, "port": 8000}}},
             "engine.kvEvents.port 8000 is the server's HTTP port",
         ),
+        (
+            {"model": {"source": "/m"}, "resources": {"gpus": 1, "gpuProduct": "g" * 64}},
+            f"resources.gpuProduct {'g' * 64!r} cannot be a label value: use at most 63 "
+            "letters, digits, '-', '_' or '.', beginning and ending with a letter or digit",
+        ),
+        (
+            {"model": {"source": "/m"}, "resources": {"gpuProduct": "Tesla T4"}},
+            "resources.gpuProduct 'Tesla T4' cannot be a label value: use at most 63 "
+            "letters, digits, '-', '_' or '.', beginning and ending with a letter or digit",
+        ),
+        (
+            {"model": {"source": "/m"}, "resources": {"nodeSelector": {"pool": "a", "zone": "-x"}}},
+            "resources.nodeSelector['zone'] '-x' cannot be a label value: use at most 63 "
+            "letters, digits, '-', '_' or '.', beginning and ending with a letter or digit",
+        ),
+        (
+            {"model": {"source": "/m"}, "gateway": {"inferencePool": {
+                "endpointPickerRef": {"name": "e" * 64, "port": 9002}}}},
+            f"gateway.inferencePool.endpointPickerRef.name {'e' * 64!r} cannot name a Service: "
+            "use a DNS-1035 label (a lowercase letter, then lowercase letters, digits or '-', "
+            "not ending in '-', at most 63 characters)",
+        ),
+        (
+            {"model": {"source": "/m"}, "gateway": {"inferencePool": {
+                "endpointPickerRef": {"name": "picker.ns", "port": 9002}}}},
+            "gateway.inferencePool.endpointPickerRef.name 'picker.ns' cannot name a Service: "
+            "use a DNS-1035 label (a lowercase letter, then lowercase letters, digits or '-', "
+            "not ending in '-', at most 63 characters)",
+        ),
     ],
 )  # fmt: skip
 def test_invalid_specs(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidSpec) as e:
         parse_spec(spec)
     assert str(e.value) == message
+
+
+def test_longest_label_values_and_picker_name_are_accepted() -> None:
+    spec, _ = parse_spec(
+        {
+            "model": {"source": "/m"},
+            "resources": {"gpus": 1, "gpuProduct": "NVIDIA-" + "A" * 56,
+                          "nodeSelector": {"empty": "", "zone": "z_1.a-" + "b" * 57}},
+            "gateway": {"inferencePool": {"endpointPickerRef": {"name": "e" + "-0" * 31,
+                                                                "port": 9002}}},
+        }
+    )  # fmt: skip
+    assert spec.resources.gpu_product == "NVIDIA-" + "A" * 56
 
 
 def test_external_autoscaler_needs_no_target() -> None:
