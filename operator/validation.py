@@ -1,8 +1,9 @@
 """Every check an LLMDeployment passes before the operator applies anything to the cluster.
 
 Its name can name every child (``names``), its spec parses within the bounds the CRD's schema
-cannot state (``spec.parse_spec``), and the server would start with the container the spec
-renders (``server_args``). A failed check raises ``InvalidSpec``: the operator reports it as
+cannot state (``spec.parse_spec``), its ``extraArgs`` leave the flags the operator renders alone
+(``owned_flags``), and the server would start with the container the spec renders
+(``server_args``). A failed check raises ``InvalidSpec``: the operator reports it as
 ``Degraded`` with one Event, and leaves whatever runs from an earlier valid spec running.
 """
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from kvserve.operator.deployment import serve_args, server_env
 from kvserve.operator.names import name_problem
+from kvserve.operator.owned_flags import owned_flags_problem
 from kvserve.operator.server_args import server_refusal
 from kvserve.operator.spec import InvalidSpec, LLMDeploymentSpec, ModelSource, parse_spec
 
@@ -24,6 +26,9 @@ def validated(owner: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
     if problem is not None:
         raise InvalidName(problem)
     spec, source = parse_spec(dict(owner["spec"]))
+    owned = owned_flags_problem(spec.extra_args)
+    if owned is not None:
+        raise InvalidSpec(owned)
     refusal = server_refusal(serve_args(name, spec, source), server_env(spec))
     if refusal is not None:
         raise InvalidSpec(f"kvserve serve would refuse to start: {refusal}")

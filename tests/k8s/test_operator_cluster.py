@@ -190,6 +190,17 @@ def test_autoscaling_hpa_by_discovery_and_removal(
             "resources.memory '99999999Ei' is outside 512Mi..1Pi",
         ),
         (
+            "owned-flags",
+            {"extraArgs": ["--port", "9000", "--host=127.0.0.1", "--seed", "1"]},
+            "spec.extraArgs may not set flags the operator renders: --port (always 8000), "
+            "--host (always 0.0.0.0)",
+        ),
+        (
+            "owned-port",
+            {"extraArgs": ["--port=9000"]},
+            "spec.extraArgs may not set flags the operator renders: --port (always 8000)",
+        ),
+        (
             "long-gpu-product",
             {"resources": {"gpus": 1, "gpuProduct": "NVIDIA-H100-80GB-HBM3-" + "x" * 42}},
             f"resources.gpuProduct {'NVIDIA-H100-80GB-HBM3-' + 'x' * 42!r} cannot be a label "

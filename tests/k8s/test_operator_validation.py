@@ -14,13 +14,16 @@ from k8s.support import ROOT, SAMPLES, KubeTools, load_sample, owner
 from kvserve.engine.execution_plan import plan_execution
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.operator.children import desired_children
+from kvserve.operator.deployment import serve_args
 from kvserve.operator.discovery import ClusterApis
+from kvserve.operator.owned_flags import OWNED
 from kvserve.operator.quantity import parse_quantity
 from kvserve.operator.server_args import server_refusal
 from kvserve.operator.spec import InvalidSpec, parse_spec
 from kvserve.operator.status import build_status
 from kvserve.operator.validation import InvalidName, validated
 from kvserve.server.cli import DEFAULT_MODEL, build_parser, engine_config
+from kvserve.server.server_settings import CRD_ENGINE_SETTINGS
 
 TP2 = {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}}
 
@@ -128,7 +131,10 @@ def test_tensor_parallel_is_refused_as_the_server_refuses_it() -> None:
     [
         ({"extraArgs": ["--bogus"]}, "unrecognized arguments: --bogus"),
         ({"extraArgs": ["--help"]}, "unrecognized arguments: --help"),
-        ({"extraArgs": ["--port", "http"]}, "argument --port: invalid int value: 'http'"),
+        (
+            {"extraArgs": ["--max-waiting-requests", "lots"]},
+            "argument --max-waiting-requests: invalid int value: 'lots'",
+        ),
         ({"extraArgs": ["--num-kv-blocks", "0"]}, "num_kv_blocks must be >= 1, got 0"),
         (
             {"env": [{"name": "KVSERVE_ATTENTION_BACKEND", "value": "flash"}]},
@@ -146,6 +152,85 @@ def test_what_the_server_refuses_is_an_invalid_spec(patch: dict, refusal: str) -
     with pytest.raises(InvalidSpec) as e:
         validated(body)
     assert str(e.value) == f"kvserve serve would refuse to start: {refusal}"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--port", "9000"], ["--port=9000"], ["--por=9000"], ["--po", "9000"]],
+)
+def test_extra_args_that_move_the_port_are_refused(extra: list[str]) -> None:
+    """Every spelling the server's own parser takes as ``--port`` (argparse's ``=`` and
+    abbreviations) is refused, naming the flag as the operator renders it."""
+    assert build_parser().parse_args(["serve", "--port", "8000", *extra]).port == 9000
+    body = owner("cpu-demo.yaml")
+    body["spec"]["extraArgs"] = extra
+    with pytest.raises(InvalidSpec) as e:
+        validated(body)
+    assert (e.value.reason, str(e.value)) == (
+        "InvalidSpec",
+        "spec.extraArgs may not set flags the operator renders: --port (always 8000)",
+    )
+
+
+def test_every_owned_flag_in_extra_args_is_named_once_with_where_it_is_set() -> None:
+    body = owner("cpu-demo.yaml")
+    body["spec"]["extraArgs"] = [
+        "--seed", "1", "--host=127.0.0.1", "--model", "/elsewhere", "--served-model-name", "x",
+        "--device", "cuda", "--shutdown-timeout=9999", "--kv-events-config", "{}",
+        "--api-key", "k", "--dtype", "float32", "--tensor-parallel-size", "2",
+        "--no-enable-prefix-caching", "--enable-auto-tool-choice", "--max-model-len", "64",
+        "--host", "::",
+    ]  # fmt: skip
+    with pytest.raises(InvalidSpec) as e:
+        validated(body)
+    assert str(e.value) == (
+        "spec.extraArgs may not set flags the operator renders: --host (always 0.0.0.0), "
+        "--model (set by spec.model.source), --served-model-name (set by spec.model.servedName), "
+        "--device (set by spec.resources.gpus), --shutdown-timeout (set by "
+        "spec.drain.timeoutSeconds), --kv-events-config (set by spec.engine.kvEvents), "
+        "--api-key (set by spec.apiKeySecret), --dtype (set by spec.engine.dtype), "
+        "--tensor-parallel-size (set by spec.engine.tensorParallelSize), "
+        "--no-enable-prefix-caching (set by spec.engine.enablePrefixCaching), "
+        "--enable-auto-tool-choice (set by spec.engine.toolCallParser), "
+        "--max-model-len (set by spec.engine.maxModelLen)"
+    )
+
+
+def test_every_flag_the_operator_renders_is_owned() -> None:
+    """A spec that sets every engine setting and KV events: each flag of its container that
+    does not come from extraArgs is one extraArgs may not set."""
+    body = owner("cpu-demo.yaml")
+    engine = {d.crd_name: d.default for d in CRD_ENGINE_SETTINGS if d.default is not None}
+    engine |= {"maxModelLen": 64, "maxNumSeqs": 4, "maxNumBatchedTokens": 64, "blockSize": 16,
+               "longPrefillTokenThreshold": 32, "gpuMemoryUtilization": 0.5,
+               "toolCallParser": "llama3_json", "kvEvents": {"enabled": True}}  # fmt: skip
+    body["spec"]["engine"] = engine
+    spec, source = validated(body)
+    rendered = [a for a in serve_args("cpu-demo", spec, source) if a.startswith("--")]
+    assert rendered == [
+        "--model", "--served-model-name", "--host", "--port", "--device", "--dtype",
+        "--tensor-parallel-size", "--enable-prefix-caching", "--shutdown-timeout",
+        "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
+        "--long-prefill-token-threshold", "--block-size", "--gpu-memory-utilization",
+        "--enable-auto-tool-choice", "--tool-call-parser", "--kv-events-config",
+    ]  # fmt: skip
+    assert {d.flag for d in CRD_ENGINE_SETTINGS} <= set(rendered)
+    assert [a for a in rendered if a not in OWNED] == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--max-waiting-requests", "256"],
+        ["--seed=3", "--attention-backend", "torch", "--enforce-eager", "--num-kv-blocks", "64"],
+        ["--timeout-keep-alive", "9", "--request-body-timeout=60", "--kv-cache-memory-gb", "1"],
+    ],
+)
+def test_flags_the_operator_does_not_render_pass(extra: list[str]) -> None:
+    body = owner("cpu-demo.yaml")
+    body["spec"]["extraArgs"] = extra
+    spec, source = validated(body)
+    assert serve_args("cpu-demo", spec, source)[-len(extra) :] == extra
 
 
 def test_env_from_a_secret_is_not_guessed() -> None:
