@@ -113,6 +113,27 @@ def test_operator_chart_manifests(kube_tools: KubeTools) -> None:
     ]
 
 
+def test_operator_is_ready_once_kopf_serves_its_health_endpoint(kube_tools: KubeTools) -> None:
+    """Readiness and liveness both ask the endpoint the ``--liveness`` argument opens (kopf
+    opens it after its startup handlers), on the port the container declares."""
+    docs = template(kube_tools, OPERATOR_CHART)
+    container = docs["Deployment/demo-kvserve-operator"]["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["command"]
+    assert container["ports"] == [{"name": "health", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["readinessProbe"] == {
+        "httpGet": {"path": "/healthz", "port": "health"},
+        "periodSeconds": 5,
+        "failureThreshold": 3,
+    }
+    assert container["livenessProbe"] == {
+        "httpGet": {"path": "/healthz", "port": "health"},
+        "periodSeconds": 20,
+        "failureThreshold": 3,
+    }
+
+
 def _rbac(docs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The operator's own RBAC (the metrics API's: tests/k8s/test_metrics_api_chart.py)."""
     return {
