@@ -206,8 +206,12 @@ def parse_spec(raw: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
         if scaling.controller == "HPA" and no_target:
             raise InvalidSpec("autoscaling needs targetWaitingRequests and/or targetKVCacheUsage")
     tp, gpus = spec.engine.tensor_parallel_size, spec.resources.gpus
-    if tp > 1 and tp > gpus:
-        raise InvalidSpec(f"engine.tensorParallelSize {tp} needs at least {tp} GPUs, not {gpus}")
+    if gpus and tp != gpus:
+        raise InvalidSpec(
+            f"engine.tensorParallelSize {tp} and resources.gpus {gpus} disagree: each rank runs "
+            "on one GPU of the pod, so they must be equal (with no GPUs, the ranks share the "
+            "pod's CPUs)"
+        )
     events = spec.engine.kv_events
     if events.enabled and events.port == HTTP_PORT:
         raise InvalidSpec(f"engine.kvEvents.port {HTTP_PORT} is the server's HTTP port")

@@ -151,7 +151,8 @@ def test_a_compiling_grammar_does_not_stall_the_others(llm):
     pool = ThreadPoolExecutor(1)
     pool.submit(gate.wait)  # the pool's only worker is busy until the gate opens
     compiler = engine.grammars
-    engine.grammars = GrammarCompiler(engine.tokenizer, engine.model_config.vocab_size, (0,), pool)
+    held = GrammarCompiler(engine.tokenizer, engine.model_config.vocab_size, (0,), pool)
+    engine.grammars = engine.inputs.grammars = held  # the input processor submits compiles
     try:
         slow = OutputConstraint("regex", "[0-9]{4}")
         engine.add_request("slow", "a", SamplingParams(max_tokens=8, constraint=slow))
@@ -169,7 +170,7 @@ def test_a_compiling_grammar_does_not_stall_the_others(llm):
         assert re.fullmatch("[0-9]{4}", finished["slow"].outputs[0].text)
     finally:
         gate.set()
-        engine.grammars = compiler
+        engine.grammars = engine.inputs.grammars = compiler
         pool.shutdown()
 
 

@@ -69,7 +69,13 @@ def test_bad_model_sources(source: str, message: str) -> None:
         (
             {"model": {"source": "/m"}, "engine": {"tensorParallelSize": 2},
              "resources": {"gpus": 1}},
-            "engine.tensorParallelSize 2 needs at least 2 GPUs, not 1",
+            "engine.tensorParallelSize 2 and resources.gpus 1 disagree: each rank runs on one "
+            "GPU of the pod, so they must be equal (with no GPUs, the ranks share the pod's CPUs)",
+        ),
+        (
+            {"model": {"source": "/m"}, "resources": {"gpus": 2}},
+            "engine.tensorParallelSize 1 and resources.gpus 2 disagree: each rank runs on one "
+            "GPU of the pod, so they must be equal (with no GPUs, the ranks share the pod's CPUs)",
         ),
         ({"replicas": 1}, "spec.model: Field required"),
         (

@@ -65,7 +65,7 @@ def test_every_sample_renders_args_the_server_accepts(
     spec, _ = parse_spec(body["spec"])
     assert (args.command, args.port, args.host) == ("serve", 8000, "0.0.0.0")
     assert args.shutdown_timeout == spec.drain.timeout_seconds
-    assert config.tensor_parallel_size == 1
+    assert config.tensor_parallel_size == spec.engine.tensor_parallel_size
     assert server_refusal(container["args"], container["env"]) is None
 
 
