@@ -363,9 +363,9 @@ def measure_kernels(config: LlamaConfig, device, bandwidth_gbs: float) -> dict:
     elementwise kernel vs the torch expressions it replaces, at batch 1 and 64."""
     from kvserve.engine.attention.triton_backend import attention_launch, paged_attention
     from kvserve.engine.kernels import triton_fused
-    from kvserve.engine.models import fused_ops
+    from kvserve.engine.layers import fused_ops
+    from kvserve.engine.layers.rotary import RotaryEmbedding
     from kvserve.engine.models.model_config import RopeConfig
-    from kvserve.engine.models.rope import RotaryEmbedding
 
     found: dict = {"attention": {}, "elementwise": {}}
     heads, kv_heads, head_dim = (

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from kvserve.engine.kernels import cpu_isa
-from kvserve.engine.models.packed_linear import can_pack, packed
+from kvserve.engine.layers.cpu_linear.packed_linear import can_pack, packed
 
 
 def _best_seconds(fn, repeats: int) -> float:

@@ -17,9 +17,9 @@ from kvserve.engine.kv_cache_sizing import (
     cuda_kv_cache_blocks,
     kv_block_bytes,
 )
+from kvserve.engine.layers.cpu_linear.packed_linear import can_pack
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
-from kvserve.engine.models.packed_linear import can_pack
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,9 @@ def plan_execution(
     backend = select_backend(device, config.attention_backend)
     max_model_len = _max_model_len(config, model_config)
     block_bytes = kv_block_bytes(model_config, config.block_size, dtype)
+    # CUDA graphs and recorded CPU decode steps were never proven with collectives inside:
+    # a model sharded over several ranks runs every step eagerly
+    eager = config.enforce_eager or config.tensor_parallel_size > 1
     return ExecutionPlan(
         model=config.model,
         family=model_config.family,
@@ -91,8 +94,8 @@ def plan_execution(
         dtype=dtype,
         dtype_note=dtype_note,
         backend=backend,
-        cuda_graphs=use_cuda_graphs(device, backend.name, config.enforce_eager),
-        cpu_graphs=use_cpu_graphs(device, backend.name, config.enforce_eager),
+        cuda_graphs=use_cuda_graphs(device, backend.name, eager),
+        cpu_graphs=use_cpu_graphs(device, backend.name, eager),
         packed_linears=can_pack(dtype, device),
         max_model_len=max_model_len,
         block_size=config.block_size,

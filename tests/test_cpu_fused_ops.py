@@ -7,9 +7,9 @@ import torch
 from cpu_paths import ISA_PARAMS, num_threads
 
 from kvserve.engine.kernels import triton_fused
-from kvserve.engine.models import fused_ops
+from kvserve.engine.layers import fused_ops
+from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.models.model_config import RopeConfig
-from kvserve.engine.models.rope import RotaryEmbedding
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

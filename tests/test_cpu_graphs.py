@@ -10,8 +10,9 @@ from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs, Recording, use_cpu
 from kvserve.engine.kernels import cpu_library
 from kvserve.engine.kernels.cpu_signatures import SIGNATURES
 from kvserve.engine.kernels.row_argmax import row_argmax
+from kvserve.engine.layers import fused_ops
+from kvserve.engine.layers.cpu_linear import packed_linear
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.models import fused_ops, packed_linear
 
 pytestmark = pytest.mark.skipif(not cpu_library.available(), reason="needs the C kernels")
 
@@ -117,7 +118,7 @@ def test_a_model_on_onednn_packed_weights_runs_eagerly(checkpoint, monkeypatch):
     logits, engine = run(checkpoint, "llama", "float32", enforce_eager=False)
 
     graphs = engine.runner.forward
-    assert isinstance(graphs.model.layers[0].mlp.down_proj, packed_linear.PackedLinear)
+    assert isinstance(graphs.model.layers[0].mlp.down_proj.kernel, packed_linear.PackedLinear)
     assert (graphs.recordings, graphs.refused) == ({}, {1, 2, 3, 4})
     for ours, theirs in zip(logits, eager, strict=True):
         assert torch.equal(ours, theirs)

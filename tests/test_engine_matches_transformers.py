@@ -10,8 +10,9 @@ from joined_outputs import JoinedOutputs
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.kernels import cpu_library
+from kvserve.engine.layers.cpu_linear import panel_linear
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.models import decoder, panel_linear
+from kvserve.engine.models import decoder
 
 from audit import assert_all_released, audit_blocks
 from checkpoints import FAMILIES, build_checkpoint
@@ -123,8 +124,10 @@ def test_greedy_matches_transformers_through_the_float32_panel_kernel(isa, check
             enable_prefix_caching=False,
         )
     )  # fmt: skip
-    assert isinstance(engine.runner.model.layers[0].self_attn.qkv_proj, panel_linear.PanelLinear)
-    assert isinstance(engine.runner.model.lm_head, panel_linear.PanelLinear)
+    assert isinstance(
+        engine.runner.model.layers[0].self_attn.qkv_proj.kernel, panel_linear.PanelLinear
+    )
+    assert isinstance(engine.runner.model.lm_head.kernel, panel_linear.PanelLinear)
     prompts = make_prompts(seed=5, shared_prefixes=False)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outputs = run(engine, prompts, params)

@@ -110,8 +110,8 @@ def test_bf16_linears_are_prepacked_and_give_the_same_tokens(bf16, checkpoint, m
     torch's own bf16 linears. ``emulated`` takes this CPU's bf16 flags away."""
     from kvserve.engine import execution_plan
     from kvserve.engine.kernels import cpu_isa
-    from kvserve.engine.models import amx_linear, dpbf16_linear, panel_linear
-    from kvserve.engine.models.packed_linear import PackedLinear, can_pack
+    from kvserve.engine.layers.cpu_linear import amx_linear, dpbf16_linear, panel_linear
+    from kvserve.engine.layers.cpu_linear.packed_linear import PackedLinear, can_pack
 
     if bf16 == "emulated":
         flags = cpu_isa.cpu_flags() - cpu_isa.NATIVE_BF16_FLAGS
@@ -135,10 +135,10 @@ def test_bf16_linears_are_prepacked_and_give_the_same_tokens(bf16, checkpoint, m
         if panel_linear.can_use(torch.bfloat16, cpu)
         else PackedLinear
     )
-    assert isinstance(packed.engine.runner.model.layers[0].self_attn.qkv_proj, expected)
+    assert isinstance(packed.engine.runner.model.layers[0].self_attn.qkv_proj.kernel, expected)
     monkeypatch.setattr(execution_plan, "can_pack", lambda dtype, device: False)
     plain = LLM(path, dtype="bfloat16", num_kv_blocks=16)
-    assert isinstance(plain.engine.runner.model.lm_head, torch.nn.Linear)
+    assert plain.engine.runner.model.lm_head.kernel is None  # torch's own F.linear
     assert [o.outputs[0].token_ids for o in packed.generate(prompts, params)] == [
         o.outputs[0].token_ids for o in plain.generate(prompts, params)
     ]

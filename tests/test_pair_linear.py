@@ -11,8 +11,8 @@ from cpu_paths import float64_linear, num_threads
 from torch import nn
 
 from kvserve.engine.kernels import cpu_library
-from kvserve.engine.models import amx_linear, dpbf16_linear
-from kvserve.engine.models.packed_linear import PackedLinear, pack_linears
+from kvserve.engine.layers.cpu_linear import amx_linear, dpbf16_linear
+from kvserve.engine.layers.cpu_linear.packed_linear import PackedLinear, pack_linears
 
 CPU = torch.device("cpu")
 AMX = amx_linear.can_use(torch.bfloat16, CPU)

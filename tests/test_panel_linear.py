@@ -10,8 +10,8 @@ from cpu_paths import ISA_PARAMS, float64_linear, num_threads
 from torch import nn
 
 from kvserve.engine.kernels import cpu_isa, cpu_library
-from kvserve.engine.models import panel_linear
-from kvserve.engine.models.packed_linear import PackedLinear, pack_linears
+from kvserve.engine.layers.cpu_linear import panel_linear
+from kvserve.engine.layers.cpu_linear.packed_linear import PackedLinear, pack_linears
 
 pytestmark = pytest.mark.skipif(not cpu_library.available(), reason="no C compiler")
 

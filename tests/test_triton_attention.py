@@ -31,8 +31,8 @@ from kvserve.engine.attention.triton_backend import (
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.kernels import cpu_library
+from kvserve.engine.layers.cpu_linear import dpbf16_linear
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.models import dpbf16_linear
 
 from reference import assert_greedy_match, hf_greedy
 

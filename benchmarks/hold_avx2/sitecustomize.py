@@ -33,7 +33,7 @@ for _name in dir(torch.cpu):
 
 try:
     from kvserve.engine.kernels import cpu_isa, cpu_library
-    from kvserve.engine.models import amx_linear, dpbf16_linear
+    from kvserve.engine.layers.cpu_linear import amx_linear, dpbf16_linear
 except ImportError:  # vLLM's venv
     pass
 else:

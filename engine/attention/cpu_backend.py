@@ -13,8 +13,8 @@ import torch
 
 from kvserve.engine.attention.torch_backend import TorchAttention
 from kvserve.engine.kernels import cpu_library
-from kvserve.engine.models import dpbf16_linear
-from kvserve.engine.models.fused_ops import rows_of_heads
+from kvserve.engine.layers.cpu_linear import dpbf16_linear
+from kvserve.engine.layers.fused_ops import rows_of_heads
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 

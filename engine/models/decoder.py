@@ -1,9 +1,13 @@
-"""One decoder-only transformer for the Llama, Mistral, Qwen2 and Qwen3 families.
+"""The decoder-only transformer the Llama, Mistral, Qwen2 and Qwen3 families share, built
+from ``engine/layers`` for one rank of a tensor-parallel group; each family's file
+(``llama.py``, ``qwen2.py``, ``qwen3.py``) says what its architecture switches on.
 
-They differ only in switches read from config.json: grouped-query attention,
-a bias on q/k/v (Qwen2), per-head RMSNorm on q and k (Qwen3), RoPE scaling and
+They differ only in switches: grouped-query attention, a bias on q/k/v (Qwen2) or on q/k/v
+and o (Llama's ``attention_bias``), per-head RMSNorm on q and k (Qwen3), RoPE scaling and
 tied embeddings. q/k/v and gate/up projections are fused into one matmul each.
 """
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -11,67 +15,25 @@ from torch import nn
 from kvserve.engine.attention.backend import AttentionBackend
 from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.cdiv import cdiv
-from kvserve.engine.models import fused_ops
+from kvserve.engine.layers import fused_ops
+from kvserve.engine.layers.attention import Attention, KVCache
+from kvserve.engine.layers.layernorm import RMSNorm
+from kvserve.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from kvserve.engine.layers.rotary import RotaryEmbedding
+from kvserve.engine.layers.tensor_parallel import TensorParallel
+from kvserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from kvserve.engine.models.model_config import ModelConfig
-from kvserve.engine.models.rope import RotaryEmbedding
 
-KVCache = tuple[torch.Tensor, torch.Tensor]
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """Normalised ``x``; with ``residual``, first ``residual += x`` in place and the
-        normalised sum (the residual stream's add fused into the norm)."""
-        return fused_ops.rms_norm(x, self.weight, self.eps, residual)
+__all__ = ["DecoderLM", "KVCache", "Switches"]
 
 
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend):
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-        )
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(
-            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias
-        )
-        o_bias = cfg.qkv_bias and cfg.family != "qwen2"  # Llama's attention_bias covers o_proj
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=o_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.rotary = rotary
-        self.backend = backend
-        self.scale = cfg.head_dim**-0.5
+@dataclass(frozen=True)
+class Switches:
+    """What a family turns on in the shared decoder."""
 
-    def forward(
-        self,
-        positions,
-        hidden,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        out_rows: torch.Tensor | None = None,
-    ):
-        """Every row's key and value go to the cache; the output is that of every row, or
-        of rows ``out_rows`` alone (the output projection runs on them only)."""
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        key_cache, value_cache = kv_cache
-        self.backend.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
-        out = self.backend.attend(q, key_cache, value_cache, meta, self.scale)
-        return self.o_proj((out if out_rows is None else out[out_rows]).flatten(1))
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool = False
 
 
 # The most bytes of gate/up activation one CPU pass of the MLP makes (see MLP).
@@ -87,11 +49,16 @@ class MLP(nn.Module):
     this size reuse the heap's blocks and are still large matmuls; they are equal, so that the
     linear kernels' threads get equal shares of each (1,336 rows: 668 + 668, not 1,024 + 312)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.gate_up_width = 2 * cfg.intermediate_size
+        inter = cfg.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(
+            cfg.hidden_size, [inter, inter], False, tp, what="intermediate_size"
+        )
+        self.down_proj = RowParallelLinear(
+            inter, cfg.hidden_size, False, tp, what="intermediate_size"
+        )
+        self.gate_up_width = self.gate_up_proj.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         most = max(1, CPU_MLP_CHUNK_BYTES // (self.gate_up_width * x.element_size()))
@@ -105,12 +72,30 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        switches: Switches,
+        rotary: RotaryEmbedding,
+        backend: AttentionBackend,
+        tp: TensorParallel,
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, rotary, backend)
+        self.self_attn = Attention(
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            qkv_bias=switches.qkv_bias,
+            o_bias=switches.o_bias,
+            qk_norm_eps=cfg.rms_norm_eps if switches.qk_norm else None,
+            rotary=rotary,
+            backend=backend,
+            tp=tp,
+        )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(
         self,
@@ -135,18 +120,33 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    """Token ids of a flat batch → hidden states; ``logits`` maps chosen rows to the vocabulary."""
+    """Token ids of a flat batch → hidden states; ``logits`` maps chosen rows to the vocabulary.
+    Built for rank ``tp.rank`` of ``tp`` (every rank computes the same hidden states and
+    logits; each holds and multiplies its shard of the weights)."""
 
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, max_positions: int) -> None:
+    @classmethod
+    def switches(cls, cfg: ModelConfig) -> Switches:
+        """Llama's: ``attention_bias`` puts a bias on q, k, v and o."""
+        return Switches(qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias)
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        backend: AttentionBackend,
+        max_positions: int,
+        tp: TensorParallel = TensorParallel(),
+    ) -> None:
         super().__init__()
         self.config = cfg
+        self.tp = tp
+        switches = self.switches(cfg)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, self.rotary, backend) for _ in range(cfg.num_layers)
+            DecoderLayer(cfg, switches, self.rotary, backend, tp) for _ in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
 
     def forward(
         self,

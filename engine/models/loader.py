@@ -1,5 +1,6 @@
-"""Hugging Face safetensors checkpoints → a ready DecoderLM."""
+"""Hugging Face safetensors checkpoints → a ready DecoderLM, each rank reading its shard."""
 
+import contextlib
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -9,12 +10,21 @@ import torch
 from safetensors import safe_open
 
 from kvserve.engine.attention.backend import AttentionBackend
+from kvserve.engine.layers.linear import LinearBase, default_weight_loader
+from kvserve.engine.layers.tensor_parallel import TensorParallel
+from kvserve.engine.models import registry
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
-from kvserve.engine.models.packed_linear import pack_linears
 
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_FUSED: dict[str, tuple[str, str | int]] = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
+    "self_attn.k_proj": ("self_attn.qkv_proj", "k"),
+    "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -29,13 +39,6 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
-def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
-                yield name, handle.get_tensor(name)
-
-
 def load_model(
     path: str | Path,
     cfg: ModelConfig,
@@ -45,66 +48,69 @@ def load_model(
     device: torch.device,
     progress: Callable[[int, int], None] | None = None,
     packed: bool = False,
+    tp: TensorParallel = TensorParallel(),
 ) -> DecoderLM:
-    """Build the model without initialising it, then copy every checkpoint tensor
-    into its (possibly fused) parameter, and prepack its linears if ``packed`` (see
-    ``packed_linear.can_pack``). Fails if a weight is missing or unknown."""
+    """Build the model of ``cfg``'s architecture for rank ``tp.rank`` without initialising
+    it, then hand every checkpoint tensor, as a safetensors slice, to its parameter's weight
+    loader, which reads this rank's shard of it alone; then finish each linear's weights
+    (prepacked for the CPU kernels if ``packed``: see ``packed_linear.can_pack``). Fails if
+    a weight is missing or unknown."""
     path = Path(path)
-    with torch.device("meta"):
-        model = DecoderLM(cfg, backend, max_positions)
-    model = model.to_empty(device=device).to(dtype)
+    with torch.device(device), _default_dtype(dtype):
+        model = registry.model_class(cfg.architecture)(cfg, backend, max_positions, tp)
     params = dict(model.named_parameters())
-    rows_filled = dict.fromkeys(params, 0)
+    loaded: dict[str, set] = {name: set() for name in params}
     files = checkpoint_files(path)
     has_lm_head = False
     for done, file in enumerate(files, start=1):
-        for name, tensor in iter_weights([file]):
-            if _IGNORED.match(name):
-                continue
-            has_lm_head |= name == "lm_head.weight"
-            target, rows = _target(name, cfg)
-            if target not in params:
-                raise ValueError(f"unexpected weight {name!r} in {path}")
-            with torch.no_grad():
-                params[target][rows].copy_(tensor)
-            rows_filled[target] += tensor.shape[0]
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                if _IGNORED.match(name):
+                    continue
+                has_lm_head |= name == "lm_head.weight"
+                target, shard_id = _target(name)
+                param = params.get(target)
+                if param is None:
+                    raise ValueError(f"unexpected weight {name!r} in {path}")
+                weight_loader = getattr(param, "weight_loader", default_weight_loader)
+                weight_loader(param, handle.get_slice(name), shard_id)
+                loaded[target].add(shard_id)
         if progress is not None:
             progress(done, len(files))
     tied = cfg.tie_word_embeddings if cfg.tie_word_embeddings is not None else not has_lm_head
     if tied:
-        model.lm_head.weight = model.embed_tokens.weight
-        rows_filled["lm_head.weight"] = cfg.vocab_size
-    missing = [n for n, p in params.items() if rows_filled[n] != p.shape[0]]
+        model.lm_head.tie(model.embed_tokens)
+        loaded["lm_head.weight"] = loaded["embed_tokens.weight"]
+    missing = [n for n, p in params.items() if loaded[n] != getattr(p, "shard_ids", {None})]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(missing[:5])}")
     model.rotary.build(dtype, device)
-    if packed:
-        pack_linears(model)
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            module.method.process_weights_after_loading(module, packed)
     return model.eval()
 
 
-def _target(name: str, cfg: ModelConfig) -> tuple[str, slice]:
-    """Checkpoint name → (our parameter name, the rows it fills)."""
-    whole = slice(None)
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Parameters created inside are ``dtype``."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _target(name: str) -> tuple[str, str | int | None]:
+    """Checkpoint name → (our parameter name, the shard of it the tensor fills: q/k/v of the
+    fused q/k/v projection, 0/1 for gate/up, None for a whole parameter)."""
     match = _LAYER.match(name)
     if match is None:
-        return name.removeprefix("model."), whole
+        return name.removeprefix("model."), None
     layer, rest = match.groups()
-    prefix = f"layers.{layer}."
-    q, kv, inter = (
-        cfg.num_heads * cfg.head_dim,
-        cfg.num_kv_heads * cfg.head_dim,
-        cfg.intermediate_size,
-    )
-    fused = {
-        "self_attn.q_proj": ("self_attn.qkv_proj", slice(0, q)),
-        "self_attn.k_proj": ("self_attn.qkv_proj", slice(q, q + kv)),
-        "self_attn.v_proj": ("self_attn.qkv_proj", slice(q + kv, q + 2 * kv)),
-        "mlp.gate_proj": ("mlp.gate_up_proj", slice(0, inter)),
-        "mlp.up_proj": ("mlp.gate_up_proj", slice(inter, 2 * inter)),
-    }
     module, _, kind = rest.rpartition(".")
-    if module in fused:
-        target, rows = fused[module]
-        return f"{prefix}{target}.{kind}", rows
-    return prefix + rest, whole
+    if module in _FUSED:
+        target, shard_id = _FUSED[module]
+        return f"layers.{layer}.{target}.{kind}", shard_id
+    return f"layers.{layer}.{rest}", None

@@ -4,12 +4,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
+from kvserve.engine.models import registry
 
 
 @dataclass(frozen=True)
@@ -24,6 +19,8 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    architecture: str
+    """config.json's, a key of ``registry.MODELS``."""
     family: str
     vocab_size: int
     hidden_size: int
@@ -35,8 +32,7 @@ class ModelConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     rope: RopeConfig
-    qkv_bias: bool
-    qk_norm: bool
+    attention_bias: bool
     tie_word_embeddings: bool | None  # None: decided by whether lm_head.weight exists
     torch_dtype: str | None
     eos_token_ids: tuple[int, ...]
@@ -54,10 +50,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict, extra_eos: tuple[int, ...] = ()) -> "ModelConfig":
         architecture = (raw.get("architectures") or ["?"])[0]
-        family = SUPPORTED_ARCHITECTURES.get(architecture)
-        if family is None:
-            supported = ", ".join(SUPPORTED_ARCHITECTURES)
-            raise ValueError(f"unsupported architecture {architecture!r}; supported: {supported}")
+        family = registry.family(architecture)
         if raw.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; only silu")
         if raw.get("mlp_bias"):
@@ -67,6 +60,7 @@ class ModelConfig:
         if family == "qwen2" and not raw.get("use_sliding_window", False):
             sliding = None
         return cls(
+            architecture=architecture,
             family=family,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
@@ -78,8 +72,7 @@ class ModelConfig:
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             rope=_rope(raw),
-            qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
-            qk_norm=family == "qwen3",
+            attention_bias=bool(raw.get("attention_bias", False)),
             tie_word_embeddings=raw.get("tie_word_embeddings"),
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
             eos_token_ids=tuple(dict.fromkeys(_as_tuple(raw.get("eos_token_id")) + extra_eos)),

@@ -5,10 +5,23 @@ Each kernel takes x, panels (the packed weight), bias (float32, or NULL), out, m
 (out features), k (in features), x_stride (x's row stride) and num_threads, then its own
 arguments (``kernel_args``)."""
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
 from kvserve.engine.kernels import cpu_library
+
+
+class Weights(Protocol):
+    """What the packed layers read of a linear layer: ``nn.Linear``, or one of
+    ``engine/layers/linear.py`` (this rank's shard)."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+    @property
+    def bias(self) -> torch.Tensor | None: ...
 
 
 class KernelLinear(nn.Module):

@@ -17,10 +17,9 @@ import ctypes
 import functools
 
 import torch
-from torch import nn
 
 from kvserve.engine.kernels import cpu_library
-from kvserve.engine.models.kernel_linear import KernelLinear
+from kvserve.engine.layers.cpu_linear.kernel_linear import KernelLinear, Weights
 
 
 @functools.cache
@@ -39,7 +38,7 @@ def can_use(dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and dtype == torch.bfloat16 and _usable()
 
 
-def takes(linear: nn.Linear) -> bool:
+def takes(linear: Weights) -> bool:
     """Whether the kernel takes this layer's shape."""
     out_features, in_features = linear.weight.shape
     return in_features % 32 == 0 and out_features % 16 == 0
@@ -54,7 +53,7 @@ class PairLinear(KernelLinear):
 
     out_dtype = torch.bfloat16
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: Weights) -> None:
         super().__init__()
         assert takes(linear)
         self.out_features, self.in_features = linear.weight.shape

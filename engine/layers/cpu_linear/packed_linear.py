@@ -13,7 +13,8 @@ on an AVX-512 EPYC and differs from MKL's in rounding only (accumulation order, 
 import torch
 from torch import nn
 
-from kvserve.engine.models import amx_linear, dpbf16_linear, panel_linear
+from kvserve.engine.layers.cpu_linear import amx_linear, dpbf16_linear, panel_linear
+from kvserve.engine.layers.cpu_linear.kernel_linear import Weights
 
 BATCH_HINT = 64  # the row count oneDNN tunes the packed layout for; any count works
 
@@ -35,7 +36,7 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 class PackedLinear(nn.Module):
     """``nn.Linear``'s forward over a weight prepacked for oneDNN."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: Weights) -> None:
         super().__init__()
         weight = linear.weight.detach()
         self.register_buffer(
@@ -58,7 +59,7 @@ def pack_linears(model: nn.Module) -> None:
                 setattr(module, name, packed(child))
 
 
-def packed(linear: nn.Linear) -> nn.Module:
+def packed(linear: Weights) -> nn.Module:
     """``linear`` with its weight packed for the kernel that runs it here."""
     dtype, device = linear.weight.dtype, linear.weight.device
     if amx_linear.can_use(dtype, device) and amx_linear.takes(linear):

@@ -18,11 +18,10 @@ results differ from oneDNN's and MKL's in rounding.
 import ctypes
 
 import torch
-from torch import nn
 
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.kernels import cpu_isa, cpu_library
-from kvserve.engine.models.kernel_linear import KernelLinear
+from kvserve.engine.layers.cpu_linear.kernel_linear import KernelLinear, Weights
 
 
 def tile_shape(isa: str) -> tuple[int, int]:
@@ -64,7 +63,7 @@ class PanelLinear(KernelLinear):
 
     isa: str
 
-    def __init__(self, linear: nn.Linear, isa: str | None = None) -> None:
+    def __init__(self, linear: Weights, isa: str | None = None) -> None:
         super().__init__()
         self.isa = isa or cpu_library.default_isa()
         self.out_dtype = linear.weight.dtype

@@ -20,7 +20,7 @@ import functools
 import torch
 
 from kvserve.engine.kernels import cpu_library
-from kvserve.engine.models.amx_linear import PairLinear
+from kvserve.engine.layers.cpu_linear.amx_linear import PairLinear
 
 
 @functools.cache

@@ -1,14 +1,17 @@
 """Rotary position embeddings (default and llama3-scaled), as a cos/sin table."""
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from kvserve.engine.models import fused_ops
-from kvserve.engine.models.model_config import RopeConfig
+from kvserve.engine.layers import fused_ops
+
+if TYPE_CHECKING:
+    from kvserve.engine.models.model_config import RopeConfig
 
 
-def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+def inverse_frequencies(rope: "RopeConfig", head_dim: int) -> torch.Tensor:
     inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     if rope.rope_type != "llama3":
         return inv_freq
@@ -28,7 +31,7 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 class RotaryEmbedding(torch.nn.Module):
     """Rotates query and key heads by position (half-split layout, as in Llama)."""
 
-    def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int) -> None:
+    def __init__(self, rope: "RopeConfig", head_dim: int, max_positions: int) -> None:
         super().__init__()
         self.rope = rope
         self.head_dim = head_dim

@@ -1,0 +1,31 @@
+"""Hugging Face architecture names (config.json's ``architectures``) → the model class that
+runs them. Adding a family is its file in this folder and one line here."""
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvserve.engine.models.decoder import DecoderLM
+
+MODELS: dict[str, tuple[str, str]] = {
+    # architecture: (family, "module.Class" in engine/models), imported on first use
+    "LlamaForCausalLM": ("llama", "llama.LlamaForCausalLM"),
+    "MistralForCausalLM": ("mistral", "llama.LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "qwen2.Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "qwen3.Qwen3ForCausalLM"),
+}
+
+
+def family(architecture: str) -> str:
+    """The family name of ``architecture``; a ValueError naming it and the supported ones."""
+    if architecture not in MODELS:
+        supported = ", ".join(MODELS)
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: {supported}")
+    return MODELS[architecture][0]
+
+
+def model_class(architecture: str) -> "type[DecoderLM]":
+    family(architecture)  # the error for an unsupported one
+    module, name = MODELS[architecture][1].rsplit(".", 1)
+    cls: type[DecoderLM] = getattr(importlib.import_module(f"kvserve.engine.models.{module}"), name)
+    return cls
