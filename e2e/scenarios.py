@@ -1,7 +1,8 @@
 """The end-to-end scenarios: a user's whole path on a real cluster, with real pods and traffic.
 
 Run in order, each on what the previous ones left (see README.md): install the operator, serve
-the demo model, scale, roll, replace a pod, survive an invalid spec, delete. Each returns a
+the demo model, scale, roll, replace a pod, survive an invalid spec, delete; then serve with
+two tensor-parallel ranks on a pod's CPUs. Each returns a
 one-line summary and raises on the first failed check; after each, the operator's log must
 hold no Forbidden answer and no traceback. A new scenario (e.g. autoscaling) is one function
 and one entry in ``SCENARIOS``.
@@ -10,6 +11,7 @@ and one entry in ``SCENARIOS``.
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 import threading
@@ -564,6 +566,40 @@ def delete_leaves_nothing(ctx: Context) -> str:
     return f"no {CHILD_KINDS.replace(',', ', ')} left in {ctx.namespace}"
 
 
+WORKERS = (
+    "import os; print(sum(b'spawn_main' in open(f'/proc/{p}/cmdline', 'rb').read() "
+    "for p in os.listdir('/proc') if p.isdigit()))"
+)
+"""Counts a pod's spawned worker processes (multiprocessing's ``spawn_main``)."""
+
+
+def tensor_parallel_on_cpu(ctx: Context) -> str:
+    """Two tensor-parallel ranks on a pod's CPUs: rank 1 a worker process beside the server,
+    answering through the Service; deleted, nothing of it is left."""
+    tp = dataclasses.replace(ctx, name=f"{ctx.name}-tp")
+    spec = demo_spec() | {"engine": {"maxNumSeqs": 8, "tensorParallelSize": 2}}
+    spec["resources"] = {"cpu": "1", "memory": "2Gi"}
+    body = {"apiVersion": "/".join(API[:2]), "kind": "LLMDeployment",
+            "metadata": {"name": tp.name}, "spec": spec}  # fmt: skip
+    tp.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(body))
+    (pod,) = wait_ready(tp, 1)
+    (server,) = pod.spec.containers
+    assert server.args[server.args.index("--tensor-parallel-size") + 1] == "2", server.args
+    shm = next(v for v in pod.spec.volumes if v.name == "shm")
+    assert shm.empty_dir.medium == "Memory" and shm.empty_dir.size_limit == "2Gi", shm
+    workers = tp.kubectl("exec", pod.metadata.name, "--", "python", "-c", WORKERS).strip()
+    assert workers == "1", workers
+    with tp.cluster.service_url(tp.namespace, tp.name, HTTP_PORT) as base:
+        answer = chat(base)
+        stream = stream_completion(base, "tensor-parallel", 32)
+    assert answer.choices[0].finish_reason in ("stop", "length"), answer
+    assert stream.complete(32), stream
+    tp.kubectl("delete", "llmd", tp.name, "--wait=true", "--timeout=180s")
+    wait_for(lambda: not tp.kubectl("get", CHILD_KINDS, "-o", "name").strip(),
+             f"every child of {tp.name} collected", 180)  # fmt: skip
+    return f"pod {pod.metadata.name}: 2 ranks (1 worker process); chat + 32-token stream"
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -581,6 +617,7 @@ SCENARIOS = [
     Scenario("invalid-spec-degraded", invalid_spec_keeps_serving),
     Scenario("operator-restarted", operator_restart_duplicates_nothing),
     Scenario("delete-leaves-nothing", delete_leaves_nothing),
+    Scenario("tensor-parallel-cpu", tensor_parallel_on_cpu),
 ]
 
 
