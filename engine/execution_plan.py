@@ -79,6 +79,12 @@ def plan_execution(
     its CPU's feature flags, read from /proc/cpuinfo unless given); raises ValueError for a
     setting the checkpoint or the device cannot honour."""
     device = _device(config)
+    tp = config.tensor_parallel_size
+    if device.type == "cuda" and tp > torch.cuda.device_count():
+        raise ValueError(
+            f"tensor_parallel_size {tp} needs {tp} CUDA devices, one per rank; this machine "
+            f"has {torch.cuda.device_count()}"
+        )
     cpu_bf16 = native_bf16(cpu_flags() if flags is None else flags)
     dtype, dtype_note = _dtype(config.dtype, model_config.torch_dtype, device, cpu_bf16)
     backend = select_backend(device, config.attention_backend)
@@ -91,8 +97,9 @@ def plan_execution(
         dtype=dtype,
         dtype_note=dtype_note,
         backend=backend,
-        cuda_graphs=use_cuda_graphs(device, backend.name, config.enforce_eager),
-        cpu_graphs=use_cpu_graphs(device, backend.name, config.enforce_eager),
+        # A replayed step would not replay the collectives between the layers' kernels.
+        cuda_graphs=tp == 1 and use_cuda_graphs(device, backend.name, config.enforce_eager),
+        cpu_graphs=tp == 1 and use_cpu_graphs(device, backend.name, config.enforce_eager),
         packed_linears=can_pack(dtype, device),
         max_model_len=max_model_len,
         block_size=config.block_size,
