@@ -121,10 +121,9 @@ class MultiprocExecutor:
         plan: ExecutionPlan,
         progress: Callable[[int, int], None] | None = None,
         startup: StartupPhases | None = None,
-        step_timeout_s: float = STEP_TIMEOUT_S,
     ) -> None:
         size = config.tensor_parallel_size
-        self.step_timeout_s = step_timeout_s
+        self.step_timeout_s = step_timeout_s = STEP_TIMEOUT_S
         self.workers: list[_Worker] = []
         self._failure: str | None = None
         self._stopped = False
@@ -204,9 +203,11 @@ class MultiprocExecutor:
             frame = messages.frame(inputs)
             for worker in self.workers:
                 worker.sock.sendall(frame)
-            return self.runner.run(inputs)
+            logits = self.runner.run(inputs)
         except Exception as exc:
             raise self._failed(exc) from exc
+        self.check_health()  # a non-blocking waitpid per worker: a few µs
+        return logits
 
     def check_health(self) -> None:
         """Raise ``ExecutorFailedError`` if a worker exited or reported a failure."""
