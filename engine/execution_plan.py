@@ -80,7 +80,7 @@ def plan_execution(
     setting the checkpoint or the device cannot honour."""
     device = _device(config)
     tp = config.tensor_parallel_size
-    if device.type == "cuda" and tp > torch.cuda.device_count():
+    if device.type == "cuda" and tp > 1 and tp > torch.cuda.device_count():
         raise ValueError(
             f"tensor_parallel_size {tp} needs {tp} CUDA devices, one per rank; this machine "
             f"has {torch.cuda.device_count()}"

@@ -74,7 +74,9 @@ def test_a_worker_that_raises_in_its_step_kills_the_engine(engine):
     out = engine.scheduler.schedule()
     inputs = engine.runner.runner.prepare(out)
     broken = dataclasses.replace(inputs, input_ids=inputs.input_ids.float())
-    messages.send(engine.runner.workers[0].sock, broken)  # the embedding lookup raises
+    messages.send(
+        engine.runner.workers[0].sock, messages.Step.of(broken)
+    )  # the embedding lookup raises
     engine.runner.workers[0].process.join(10)
     engine.scheduler.abort(engine.requests.pop("a"))
     engine.add_request("b", "pass", GREEDY)

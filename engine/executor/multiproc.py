@@ -13,18 +13,23 @@ error names the rank that never did), all join the process group (``distributed.
 rank), build their runner and say ``Ready``. On a CPU every rank, rank 0's process included,
 runs ``cores // size`` torch threads, so the ranks do not oversubscribe the cores.
 
-Transport of the step inputs: one pickled frame over a socket pair per worker (the frame
-pickled once for all workers), measured against torch.distributed's
-``broadcast_object_list`` on the same gloo group by ``benchmarks/executor_transport.py``
-(2 ranks, 1 thread each, on a 2-core CPU; µs per step, median, rank 0 send → worker has the
-inputs, a one-element all-reduce subtracted):
+Transport of the step inputs: one pickled frame over a socket pair per worker, pickled once
+for all workers, its tensors as numpy arrays (``messages.Step``). Measured by
+``benchmarks/executor_transport.py`` (2 ranks, 1 thread each, gloo, a shared 2-core CPU; µs
+per step, median of 300, from rank 0's send until the worker holds the inputs, a one-element
+all-reduce subtracted; two runs, the spread is the machine's load):
 
-    =====================  ==========  ==============  ===============
-    step                   socket      broadcast_obj   broadcast (tensors)
-    =====================  ==========  ==============  ===============
-    decode, 64 sequences   TRANSPORT_DECODE
-    prefill, 2048 tokens   TRANSPORT_PREFILL
-    =====================  ==========  ==============  ===============
+    ====================  ============  =============  ================  ===========
+    step                  socket, numpy socket, torch  broadcast_object  broadcast
+                          (kept)        pickle                           tensors
+    ====================  ============  =============  ================  ===========
+    decode, 64 sequences  338 / 394     1262 / 1327    2060 / 1799       969 / 2053
+    prefill, 2048 tokens  278 / 380     1257 / 1327    1513 / 1828       704 / 2056
+    ====================  ============  =============  ================  ===========
+
+(broadcast_object: the pickle's length and bytes by two gloo broadcasts, as
+``broadcast_object_list`` does; broadcast tensors: the rest so, then one broadcast per tensor.)
+A torch tensor pickles through ``torch.save``, ~100 µs each; a numpy array as its bytes.
 
 Faults: a worker that dies (even by SIGKILL) breaks the step's collectives at once (gloo:
 "connection reset by peer") or the next send; one that raises reports ``Failed`` and exits,
@@ -200,7 +205,7 @@ class MultiprocExecutor:
             raise ExecutorFailedError(self._failure)
         inputs = self.runner.prepare(out)
         try:
-            frame = messages.frame(inputs)
+            frame = messages.frame(messages.Step.of(inputs))
             for worker in self.workers:
                 worker.sock.sendall(frame)
             logits = self.runner.run(inputs)

@@ -3,7 +3,7 @@
 Started with multiprocessing's "spawn" (a fresh interpreter: no copy of the engine's threads
 or CUDA state), it joins the process group, builds its ``ModelRunner`` (its weight shard and
 its part of every KV block; its warm-up step meets rank 0's), says ``Ready``, then runs each
-``StepInputs`` rank 0 sends (discarding the logits) until ``Shutdown`` or until rank 0 closes
+step rank 0 sends (discarding the logits) until ``Shutdown`` or until rank 0 closes
 the socket. If it raises it reports ``Failed`` and exits; its collectives then fail on rank 0,
 which declares the engine dead.
 
@@ -60,8 +60,8 @@ def run_worker(spec: WorkerSpec, sock: socket.socket) -> None:
                 break  # rank 0 is gone: shutting down or dead
             if isinstance(message, messages.Shutdown):
                 break
-            assert isinstance(message, StepInputs), message
-            runner.run(_to(message, runner.plan.device))
+            assert isinstance(message, messages.Step), message
+            runner.run(_to(message.unpack(), runner.plan.device))
     except BaseException:
         error = traceback.format_exc()
         try:
