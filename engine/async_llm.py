@@ -38,6 +38,9 @@ start in one step. Started one by one, the first would run alone while the rest 
 and stay a step out of phase: every later prompt of the others would then stall its
 stream for a prefill step."""
 ARRIVAL_WINDOW_S = 0.010
+IDLE_HEALTH_CHECK_S = 1.0
+"""While idle, the step loop asks the engine this often whether it can still run a step (a
+tensor-parallel worker may die between steps): a dead engine shows in /health within it."""
 
 
 class StepObserver(Protocol):
@@ -122,6 +125,7 @@ class AsyncLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.dead: asyncio.Event | None = None  # set on the event loop once the loop died
         self.last_progress = time.monotonic()  # heartbeat: last step, or last idle wake-up
         self.num_unfinished = 0  # requests added and not yet finished or aborted
         self.stats = engine.stats
@@ -130,6 +134,7 @@ class AsyncLLM:
     def start(self) -> None:
         """Start the step thread; call from the event loop that will consume outputs."""
         self._loop = asyncio.get_running_loop()
+        self.dead = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
         self._thread.start()
 
@@ -274,7 +279,8 @@ class AsyncLLM:
             while self._apply_commands():
                 self.last_progress = time.monotonic()
                 if not self.engine.has_unfinished_requests():
-                    self._wakeup.wait()
+                    while not self._wakeup.wait(IDLE_HEALTH_CHECK_S):
+                        self.engine.check_health()
                     self._wakeup.clear()
                     self._gather_arrivals()
                     continue
@@ -328,7 +334,7 @@ class AsyncLLM:
     def _die(self, exc: BaseException) -> None:
         """The loop stopped for good: health turns false at once, the observer stops
         counting the open requests as running, then every open stream and every add still
-        queued gets the error."""
+        queued gets the error, and ``dead`` is set (the server then exits)."""
         self.error = exc
         adds = self._queued_adds()
         if self._observer is not None:
@@ -339,3 +345,5 @@ class AsyncLLM:
             self._resolve(command.accepted, EngineDeadError(str(exc)))
         self._streams.clear()
         self.num_unfinished = 0
+        assert self._loop is not None and self.dead is not None
+        self._loop.call_soon_threadsafe(self.dead.set)

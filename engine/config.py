@@ -18,6 +18,9 @@ DTYPE_ALIASES = {
 }
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+EXECUTOR_BACKENDS = ("mp", "uni")
+"""vLLM's ``--distributed-executor-backend``: ``mp`` runs ranks 1..N-1 in worker processes
+(``engine/executor/multiproc.py``), ``uni`` runs the one rank in the engine's process."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,21 @@ class EngineConfig:
     enforce_eager: bool = setting(
         False, help="no replayed decode steps (CUDA graphs, recorded CPU kernel calls)"
     )
-    tensor_parallel_size: int = setting(1, minimum=1, crd=Crd(defaulted=True))
+    tensor_parallel_size: int = setting(
+        1,
+        minimum=1,
+        crd=Crd(defaulted=True),
+        help="ranks the model's layers are sharded over: rank 0 in the engine's process, the "
+        "others in worker processes (on CUDA one device each; on a CPU cores // size threads "
+        "each)",
+    )
+    distributed_executor_backend: str | None = setting(
+        None,
+        choices=EXECUTOR_BACKENDS,
+        crd=Crd(),
+        help="mp: ranks 1..N-1 in worker processes; uni: one rank in the engine's process, "
+        "tensor_parallel_size 1 only (default: uni for one rank, mp for several)",
+    )
     enable_prefix_caching: bool = setting(True, crd=Crd(defaulted=True))
     prefix_caching_hash_algo: str = setting(
         "sha256",
@@ -87,9 +104,21 @@ class EngineConfig:
                 f"prefix_caching_hash_algo must be one of {sorted(HASH_ALGOS)}, "
                 f"got {self.prefix_caching_hash_algo!r}"
             )
-        if self.tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size > 1 is not supported yet; use 1")
         check_minimums(self)
+        backend = self.distributed_executor_backend
+        if backend is None:
+            backend = "uni" if self.tensor_parallel_size == 1 else "mp"
+            object.__setattr__(self, "distributed_executor_backend", backend)
+        if backend not in EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend must be one of {list(EXECUTOR_BACKENDS)}, "
+                f"got {backend!r}"
+            )
+        if backend == "uni" and self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"distributed_executor_backend uni runs one rank, not tensor_parallel_size "
+                f"{self.tensor_parallel_size}; use mp"
+            )
         if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -79,6 +79,12 @@ def plan_execution(
     its CPU's feature flags, read from /proc/cpuinfo unless given); raises ValueError for a
     setting the checkpoint or the device cannot honour."""
     device = _device(config)
+    tp = config.tensor_parallel_size
+    if device.type == "cuda" and tp > 1 and tp > torch.cuda.device_count():
+        raise ValueError(
+            f"tensor_parallel_size {tp} needs {tp} CUDA devices, one per rank; this machine "
+            f"has {torch.cuda.device_count()}"
+        )
     cpu_bf16 = native_bf16(cpu_flags() if flags is None else flags)
     dtype, dtype_note = _dtype(config.dtype, model_config.torch_dtype, device, cpu_bf16)
     backend = select_backend(device, config.attention_backend)
@@ -86,7 +92,7 @@ def plan_execution(
     block_bytes = kv_block_bytes(model_config, config.block_size, dtype)
     # CUDA graphs and recorded CPU decode steps were never proven with collectives inside:
     # a model sharded over several ranks runs every step eagerly
-    eager = config.enforce_eager or config.tensor_parallel_size > 1
+    eager = config.enforce_eager or tp > 1
     return ExecutionPlan(
         model=config.model,
         family=model_config.family,

@@ -9,11 +9,11 @@ from transformers import AutoTokenizer
 
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
+from kvserve.engine.executor import ExecutorFailedError, build_executor
 from kvserve.engine.input_processor import InputProcessor
 from kvserve.engine.kv_cache_manager import KVCacheManager
 from kvserve.engine.kv_events import KVEventLog
 from kvserve.engine.kv_events_publisher import ZmqEventPublisher
-from kvserve.engine.model_runner import ModelRunner
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.output_processor import delta_output, take_text
 from kvserve.engine.outputs import Logprob, RequestOutput
@@ -58,7 +58,7 @@ class LLMEngine:
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = eos
-        self.runner = ModelRunner(config, self.model_config, plan, progress, self.startup)
+        self.runner = build_executor(config, self.model_config, plan, progress, self.startup)
         self.plan: ExecutionPlan = self.runner.plan
         events = config.kv_events_config
         self.kv_events: ZmqEventPublisher | None = None
@@ -167,8 +167,17 @@ class LLMEngine:
         self._publish_kv_events()
         return done
 
+    def check_health(self) -> None:
+        """``EngineDeadError`` if the executor can run no further step (a worker is gone)."""
+        try:
+            self.runner.check_health()
+        except ExecutorFailedError as exc:
+            raise EngineDeadError(f"the executor failed: {exc}") from exc
+
     def shutdown(self) -> None:
-        """Close the KV-event publisher, after it sent what is queued; stop compiling."""
+        """Stop the executor's workers; close the KV-event publisher, after it sent what is
+        queued; stop compiling."""
+        self.runner.shutdown()
         self.grammars.shutdown()
         if self.kv_events is not None:
             self.kv_events.close()
@@ -187,7 +196,8 @@ class LLMEngine:
         the others go on. A model forward that raises fails every request of the step.
         Failed requests' blocks are freed at once and ``stats.num_failed_steps`` counts the
         step. ``MAX_CONSECUTIVE_STEP_FAILURES`` failed forwards in a row raise
-        ``EngineDeadError``: then nothing can run any more.
+        ``EngineDeadError``: then nothing can run any more. So does one executor failure (a
+        tensor-parallel rank died, raised or stopped answering: the ranks no longer agree).
 
         A constrained request waits while its grammar compiles (the others run); one whose
         grammar failed to compile finishes with ``"error"``. With nothing to run but
@@ -203,6 +213,9 @@ class LLMEngine:
             return unusable
         try:
             logits = self.runner.execute(out)
+        except ExecutorFailedError as exc:
+            self._fail_step(out, exc)
+            raise EngineDeadError(f"the executor failed: {exc}") from exc
         except Exception as exc:
             return unusable + self._fail_step(out, exc)
         self._consecutive_failures = 0

@@ -1,4 +1,5 @@
-"""The server process: load the engine, serve HTTP, drain on SIGTERM, exit 0."""
+"""The server process: load the engine, serve HTTP, drain on SIGTERM, exit 0; exit 1 once
+the engine died (after the open requests got their errors), so that the kubelet restarts it."""
 
 import argparse
 import asyncio
@@ -25,6 +26,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # After the drain deadline: how long the cut responses get to send their last bytes, and
 # then how long aiohttp waits for any handler left before cancelling it.
 CUT_GRACE_SECONDS = 1.0
+# After the engine died: how long the open requests get to send their errors before the exit.
+DEAD_GRACE_SECONDS = 5.0
 
 
 class LoadProgress:
@@ -93,25 +96,36 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
     await web.TCPSite(runner, args.host, args.port).start()
     with frozen_heap(collect=True):
         log.info("%d start-up objects frozen out of the garbage collector", gc.get_freeze_count())
-        await _serve_until_stopped(args, name, drain, metrics)
+        died = await _serve_until_stopped(args, name, drain, metrics, llm)
         await runner.cleanup()
         llm.shutdown()
+    if died:
+        log.critical("exiting: the engine died (%s)", llm.error)
+        return 1
     log.info("stopped")
     return 0
 
 
 async def _serve_until_stopped(
-    args: argparse.Namespace, name: str, drain: DrainState, metrics: ServerMetrics
-) -> None:
+    args: argparse.Namespace, name: str, drain: DrainState, metrics: ServerMetrics, llm: AsyncLLM
+) -> bool:
     """Serve until SIGTERM or SIGINT, then drain: wait for the requests in flight (cut at
-    the deadline)."""
+    the deadline); or until the engine dies, then wait (``DEAD_GRACE_SECONDS`` at most) for
+    the requests in flight to send their errors. Whether the engine died."""
     drain.loaded = True
     log.info("serving %s on http://%s:%d", name, args.host, args.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    assert llm.dead is not None
+    stopped, dead = asyncio.create_task(stop.wait()), asyncio.create_task(llm.dead.wait())
+    await asyncio.wait([stopped, dead], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    dead.cancel()
+    if llm.dead.is_set():
+        await drain.wait_idle(DEAD_GRACE_SECONDS)
+        return True
     drain.start_draining()
     metrics.on_draining()
     log.info("draining %d requests (at most %.0f s)", drain.in_flight, args.shutdown_timeout)
@@ -119,3 +133,4 @@ async def _serve_until_stopped(
         log.warning("drain timeout: %d requests still in flight are cut", drain.in_flight)
         drain.cut()
         await drain.wait_idle(CUT_GRACE_SECONDS)
+    return False

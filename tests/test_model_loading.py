@@ -87,8 +87,8 @@ def test_string_prompts_and_text_output(checkpoint):
 def test_invalid_settings_name_the_setting(checkpoint):
     with pytest.raises(ValueError, match="max_num_seqs must be >= 1, got 0"):
         LLM(str(checkpoint("llama")), max_num_seqs=0)
-    with pytest.raises(ValueError, match="tensor_parallel_size > 1 is not supported"):
-        LLM(str(checkpoint("llama")), tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="uni runs one rank, not tensor_parallel_size 2"):
+        LLM(str(checkpoint("llama")), tensor_parallel_size=2, distributed_executor_backend="uni")
     with pytest.raises(ValueError, match="max_model_len 4096 exceeds the model's context of 512"):
         LLM(str(checkpoint("llama")), max_model_len=4096)
     with pytest.raises(ValueError, match="invalid top_p: 0"):

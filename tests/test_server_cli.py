@@ -74,6 +74,7 @@ def test_every_engine_setting_is_a_flag_and_an_environment_variable(monkeypatch)
         "gpu_memory_utilization": 0.5,
         "enforce_eager": True,
         "tensor_parallel_size": 1,
+        "distributed_executor_backend": "uni",
         "enable_prefix_caching": False,
         "prefix_caching_hash_algo": "sha256",
         "attention_backend": "torch",

@@ -180,9 +180,12 @@ def test_autoscaling_hpa_by_discovery_and_removal(
         ),
         (
             "refused-by-the-server",
-            {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}},
-            "kvserve serve would refuse to start: tensor_parallel_size > 1 is not supported yet; "
-            "use 1",
+            {
+                "engine": {"tensorParallelSize": 2, "distributedExecutorBackend": "uni"},
+                "resources": {"gpus": 2},
+            },
+            "kvserve serve would refuse to start: distributed_executor_backend uni runs one "
+            "rank, not tensor_parallel_size 2; use mp",
         ),
         (
             "absurd-memory",

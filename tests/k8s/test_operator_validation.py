@@ -25,7 +25,7 @@ from kvserve.operator.validation import InvalidName, validated
 from kvserve.server.cli import DEFAULT_MODEL, build_parser, engine_config
 from kvserve.server.server_settings import CRD_ENGINE_SETTINGS
 
-TP2 = {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}}
+TP2: dict[str, Any] = {"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 2}}
 
 
 def _server(body: dict[str, Any]) -> dict[str, Any]:
@@ -115,14 +115,25 @@ def test_tool_calls_and_kv_events_render_args_the_server_accepts(
     )
 
 
-def test_tensor_parallel_is_refused_as_the_server_refuses_it() -> None:
+def test_tensor_parallel_renders_args_the_server_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
     body = owner("cpu-demo.yaml")
     body["spec"].update(TP2)
+    validated(body)
+    container = _server(body)
+    _, config = _parse_as_the_server_would(container, monkeypatch)
+    assert (config.tensor_parallel_size, config.distributed_executor_backend) == (2, "mp")
+
+
+def test_a_setting_the_server_refuses_is_refused_as_the_server_refuses_it() -> None:
+    body = owner("cpu-demo.yaml")
+    body["spec"].update(TP2)
+    body["spec"]["engine"]["distributedExecutorBackend"] = "uni"
     with pytest.raises(InvalidSpec) as e:
         validated(body)
     assert (e.value.reason, str(e.value)) == (
         "InvalidSpec",
-        "kvserve serve would refuse to start: tensor_parallel_size > 1 is not supported yet; use 1",
+        "kvserve serve would refuse to start: distributed_executor_backend uni runs one rank, "
+        "not tensor_parallel_size 2; use mp",
     )
 
 

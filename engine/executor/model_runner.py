@@ -1,10 +1,17 @@
-"""Weights and KV tensors; one flat batch per step through the model."""
+"""One rank's weights and KV tensors; one flat batch per step through the model.
 
+Rank 0 (in the engine's process) ``prepare``s each step's inputs from the scheduler's
+output; every rank ``run``s them (the layers' collectives meet inside the forward and the LM
+head). With one rank, ``execute`` is both, exactly the path of an engine without an executor.
+"""
+
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from kvserve.engine import host_allocator
 from kvserve.engine.attention.metadata import AttentionMetadata
@@ -13,6 +20,7 @@ from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan
 from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
 from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
+from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.request import Request
@@ -23,6 +31,9 @@ from kvserve.engine.startup import StartupPhases
 
 @dataclass
 class StepInputs:
+    """What every rank needs of one step; rank 0 builds it (``ModelRunner.prepare``) and
+    the executor hands it to the other ranks."""
+
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
@@ -31,8 +42,10 @@ class StepInputs:
 
 
 class ModelRunner:
-    """Loads the model, owns the paged KV cache and runs each step's batch, as ``plan``
-    says; ``self.plan`` is that plan with its KV blocks measured where they had to be.
+    """Loads the model (rank ``tp.rank``'s shard of it), owns that rank's part of the paged
+    KV cache (``tp.kv_heads`` of every block) and runs each step's batch, as ``plan`` says;
+    ``self.plan`` is that plan with its KV blocks measured where they had to be (on several
+    ranks, the fewest any rank measured, so that a block id means the same on each).
 
     The batch is flat and unpadded: the scheduled tokens of every request,
     concatenated in scheduling order. Only the last row of each request that
@@ -46,8 +59,10 @@ class ModelRunner:
         plan: ExecutionPlan,
         progress: Callable[[int, int], None] | None = None,
         startup: StartupPhases | None = None,
+        tp: TensorParallel | None = None,
     ) -> None:
         self.startup = startup or StartupPhases()
+        self.tp = tp = tp or TensorParallel()
         device, dtype = plan.device, plan.dtype
         with self.startup.measure("load", device):
             self.model = load_model(
@@ -59,16 +74,18 @@ class ModelRunner:
                 device,
                 progress,
                 plan.packed_linears,
+                tp=tp,
             )
         with self.startup.measure("kv_alloc", device):
             if plan.num_kv_blocks is None:
                 plan = plan.with_measured_kv_blocks(self.model, config)
+                plan = dataclasses.replace(plan, num_kv_blocks=self._fewest(plan))
             self.plan = plan
             assert plan.num_kv_blocks is not None
             shape = (
                 plan.num_kv_blocks,
                 plan.block_size,
-                model_config.num_kv_heads,
+                tp.kv_heads(model_config.num_kv_heads),
                 model_config.head_dim,
             )
             self.kv_caches = [
@@ -93,15 +110,25 @@ class ModelRunner:
                 )
             self._warm_up()
 
+    def _fewest(self, plan: ExecutionPlan) -> int:
+        """The fewest KV blocks any rank measured room for."""
+        assert plan.num_kv_blocks is not None
+        if self.tp.size == 1:
+            return plan.num_kv_blocks
+        count = torch.tensor([plan.num_kv_blocks], dtype=torch.int64, device=plan.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MIN, group=self.tp.group)
+        return int(count.item())
+
     def _warm_up(self) -> None:
         """One step of one token in block 0: kernels compile and buffers are allocated now,
         not in the first request's step. The key and value it writes sit in a free block,
-        which a request overwrites before it reads them."""
+        which a request overwrites before it reads them. Every rank builds this step itself
+        (it is the same on each), so the ranks' first collectives meet without the executor."""
         request = Request("warmup", [0], SamplingParams(max_tokens=1))
         request.block_ids = [0]
         out = SchedulerOutput()
         out.add(request, 1)
-        self.execute(out)
+        self.run(self.prepare(out))
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         bs = self.plan.block_size
@@ -150,12 +177,22 @@ class ModelRunner:
             every_row=np.array_equal(rows, np.arange(len(ids))),
         )
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Run the step; fp32 logits ``[len(out.sampling_requests), vocab]``, followed by
-        the rows of ``out.prompt_logprob_spans`` in order. Only those rows go through the
-        last layer's output projection and MLP (see ``DecoderLM.forward``)."""
-        inputs = self.prepare(out)
+        """Prepare and run the step (one rank: the whole of it); see ``run``."""
+        return self.run(self.prepare(out))
+
+    def shutdown(self) -> None:
+        """Nothing to stop: one rank has no worker."""
+
+    def check_health(self) -> None:
+        """One rank in this process: healthy while the process runs."""
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Run a prepared step on this rank; fp32 logits ``[len(out.sampling_requests),
+        vocab]``, followed by the rows of ``out.prompt_logprob_spans`` in order (every rank
+        gets all of them: the LM head gathers them). Only those rows go through the last
+        layer's output projection and MLP (see ``DecoderLM.forward``)."""
         rows = None if inputs.every_row else inputs.logits_indices
         hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, rows)
         return self.model.logits(hidden)

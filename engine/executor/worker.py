@@ -1,0 +1,112 @@
+"""A tensor-parallel worker process: ranks 1..N-1 of a ``MultiprocExecutor``.
+
+Started with multiprocessing's "spawn" (a fresh interpreter: no copy of the engine's threads
+or CUDA state), it joins the process group, builds its ``ModelRunner`` (its weight shard and
+its part of every KV block; its warm-up step meets rank 0's), says ``Ready``, then runs each
+step rank 0 sends (discarding the logits) until ``Shutdown`` or until rank 0 closes
+the socket. If it raises it reports ``Failed`` and exits; its collectives then fail on rank 0,
+which declares the engine dead.
+
+It dies with its parent: a thread waits on the parent's sentinel and ends the process the
+moment the parent is gone, even while the main thread is stuck in a collective. (prctl's
+PR_SET_PDEATHSIG would fire when the *thread* that started the worker ends, and the engine
+is built on a thread that ends once it is built: see ``async_llm.build_engine``.)
+"""
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import socket
+import threading
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.execution_plan import plan_execution
+from kvserve.engine.executor import messages
+from kvserve.engine.executor.distributed import process_group, rendezvous_store
+from kvserve.engine.executor.model_runner import ModelRunner, StepInputs
+from kvserve.engine.layers.tensor_parallel import TensorParallel
+from kvserve.engine.models.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    rank: int
+    size: int
+    port: int
+    """The rendezvous store's port on 127.0.0.1 (rank 0 holds the store)."""
+    config: EngineConfig
+    threads: int
+    """torch threads on a CPU: the cores divided among the ranks."""
+    startup_timeout_s: float
+    step_timeout_s: float
+
+
+def run_worker(spec: WorkerSpec, sock: socket.socket) -> None:
+    """The worker process's entry point."""
+    _die_with_parent()
+    messages.send(sock, messages.Arrived(spec.rank))
+    try:
+        runner = _build(spec)
+        messages.send(sock, messages.Ready(spec.rank))
+        while True:
+            try:
+                message = messages.receive(sock)
+            except EOFError:
+                break  # rank 0 is gone: shutting down or dead
+            if isinstance(message, messages.Shutdown):
+                break
+            assert isinstance(message, messages.Step), message
+            runner.run(_to(message.unpack(), runner.plan.device))
+    except BaseException:
+        error = traceback.format_exc()
+        try:
+            messages.send(sock, messages.Failed(spec.rank, error))
+        finally:
+            os._exit(1)  # no clean-up that could block on the broken group
+    os._exit(0)
+
+
+def _build(spec: WorkerSpec) -> ModelRunner:
+    config = spec.config
+    model_config = ModelConfig.from_dir(config.model)
+    plan = plan_execution(config, model_config)
+    if plan.device.type == "cuda":
+        torch.cuda.set_device(spec.rank)
+    else:
+        torch.set_num_threads(spec.threads)
+    timeout = timedelta(seconds=spec.startup_timeout_s)
+    store = rendezvous_store(spec.port, spec.rank, spec.size, timeout)
+    group = process_group(store, spec.rank, spec.size, plan.device, timeout)
+    tp = TensorParallel(spec.rank, spec.size, group)
+    runner = ModelRunner(config, model_config, plan, tp=tp)
+    group._set_default_timeout(timedelta(seconds=spec.step_timeout_s))
+    return runner
+
+
+def _to(inputs: StepInputs, device: torch.device) -> StepInputs:
+    """The step's tensors on this rank's device (on a CPU: as they came)."""
+    if device.type == "cpu":
+        return inputs
+    meta = inputs.meta
+    for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
+        setattr(meta, name, getattr(meta, name).to(device, non_blocking=True))
+    inputs.input_ids = inputs.input_ids.to(device, non_blocking=True)
+    inputs.positions = inputs.positions.to(device, non_blocking=True)
+    inputs.logits_indices = inputs.logits_indices.to(device, non_blocking=True)
+    return inputs
+
+
+def _die_with_parent() -> None:
+    parent = multiprocessing.parent_process()
+    assert parent is not None, "a worker is started by multiprocessing"
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kvserve-parent-watch", daemon=True).start()
