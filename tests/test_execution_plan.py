@@ -97,14 +97,13 @@ def test_the_checkpoint_and_the_device_decide_what_auto_means(checkpoint):
         plan_execution(EngineConfig(model=path, device="cpu", max_model_len=100), windowed)
 
 
-def test_a_model_sharded_over_several_ranks_runs_every_step_eagerly(checkpoint):
+def test_a_model_sharded_over_several_ranks_runs_every_step_eagerly(checkpoint, monkeypatch):
     """No CUDA graphs and no recorded CPU decode steps with collectives inside: never proven."""
     path = str(checkpoint("llama"))
     model_config = ModelConfig.from_dir(path)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     for device in ("cpu", "cuda"):
-        config = EngineConfig(model=path, device=device)
-        # set past EngineConfig's check, which refuses more than one rank until the executor
-        object.__setattr__(config, "tensor_parallel_size", 2)
+        config = EngineConfig(model=path, device=device, tensor_parallel_size=2)
         plan = plan_execution(config, model_config, AVX512_BF16)
         assert (plan.cuda_graphs, plan.cpu_graphs) == (False, False)
     one_rank = plan_execution(EngineConfig(model=path, device="cuda"), model_config)

@@ -74,7 +74,7 @@ def test_a_killed_worker_ends_the_stream_turns_health_503_and_exits_the_server(
             b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{"
         )
         os.kill(worker, signal.SIGKILL)
-        events = [line for line in stream.read().split(b"\n\n") if line.strip()]
+        events = [e.strip() for e in stream.read().split(b"\n\n") if e.strip()]
         assert events[-2:] == [b"data: " + json.dumps(DEAD_EVENT).encode(), b"data: [DONE]"]
         assert server.status("/health") == 503
         assert server.status("/ready") == 503
