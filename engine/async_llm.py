@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.core.outputs import RequestOutput
 from kvserve.engine.llm_engine import EngineDeadError, LLMEngine
-from kvserve.engine.outputs import RequestOutput
 from kvserve.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)

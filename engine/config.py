@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from kvserve.engine.block_hash import HASH_ALGOS
+from kvserve.engine.core.block_hash import HASH_ALGOS
 from kvserve.engine.kv_events import KVEventsConfig
 from kvserve.engine.settings import Crd, check_minimums, setting
 

@@ -3,10 +3,10 @@ sample), before anything is queued."""
 
 from transformers import PreTrainedTokenizerBase
 
+from kvserve.engine.core.kv_cache_manager import KVCacheManager
+from kvserve.engine.core.parent_request import child_id, child_params
+from kvserve.engine.core.request import Request
 from kvserve.engine.detokenizer import Detokenizer
-from kvserve.engine.kv_cache_manager import KVCacheManager
-from kvserve.engine.parent_request import child_id, child_params
-from kvserve.engine.request import Request
 from kvserve.engine.sampling_params import SamplingParams, request_seed
 from kvserve.engine.structured.compiler import GrammarCompiler
 from kvserve.engine.structured.matcher import RequestGrammar

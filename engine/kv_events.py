@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 
 import msgpack
 
-from kvserve.engine.block_hash import BlockHash
+from kvserve.engine.core.block_hash import BlockHash
 
 DATA_PARALLEL_RANK = 0
 _SCHEMES = ("tcp://", "ipc://", "inproc://")

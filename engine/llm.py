@@ -5,9 +5,9 @@ from collections.abc import Sequence
 from typing import cast
 
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.core.outputs import RequestOutput, join_outputs
 from kvserve.engine.frozen_heap import frozen_heap
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.engine.outputs import RequestOutput, join_outputs
 from kvserve.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]

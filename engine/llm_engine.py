@@ -8,26 +8,26 @@ import torch
 from transformers import AutoTokenizer
 
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
-from kvserve.engine.executor import ExecutorFailedError, build_executor
-from kvserve.engine.input_processor import InputProcessor
-from kvserve.engine.kv_cache_manager import KVCacheManager
-from kvserve.engine.kv_events import KVEventLog
-from kvserve.engine.kv_events_publisher import ZmqEventPublisher
-from kvserve.engine.models.model_config import ModelConfig
-from kvserve.engine.output_processor import delta_output, take_text
-from kvserve.engine.outputs import Logprob, RequestOutput
-from kvserve.engine.parent_request import ParentRequest, ParentRequests, child_id
-from kvserve.engine.prompt_logprobs import record_prompt_logprobs
-from kvserve.engine.request import Request
-from kvserve.engine.sampler import Sampler
-from kvserve.engine.sampling_params import SamplingParams
-from kvserve.engine.scheduler import (
+from kvserve.engine.core.kv_cache_manager import KVCacheManager
+from kvserve.engine.core.outputs import Logprob, RequestOutput
+from kvserve.engine.core.parent_request import ParentRequest, ParentRequests, child_id
+from kvserve.engine.core.request import Request
+from kvserve.engine.core.scheduler import (
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
     SchedulerStats,
 )
+from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
+from kvserve.engine.executor import ExecutorFailedError, build_executor
+from kvserve.engine.input_processor import InputProcessor
+from kvserve.engine.kv_events import KVEventLog
+from kvserve.engine.kv_events_publisher import ZmqEventPublisher
+from kvserve.engine.models.model_config import ModelConfig
+from kvserve.engine.output_processor import delta_output, take_text
+from kvserve.engine.prompt_logprobs import record_prompt_logprobs
+from kvserve.engine.sampler import Sampler
+from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.startup import StartupPhases
 from kvserve.engine.structured.compiler import GrammarCompiler
 

@@ -1,8 +1,8 @@
 """Output processing: what is new in a request since its previous output, as a
 ``RequestOutput`` delta (its text from the detokenizer, stop strings already applied)."""
 
-from kvserve.engine.outputs import CompletionOutput, RequestOutput
-from kvserve.engine.request import Request
+from kvserve.engine.core.outputs import CompletionOutput, RequestOutput
+from kvserve.engine.core.request import Request
 
 
 def take_text(request: Request) -> str:

@@ -5,8 +5,8 @@ import logging
 
 import torch
 
+from kvserve.engine.core.request import Request
 from kvserve.engine.device_copy import to_device
-from kvserve.engine.request import Request
 from kvserve.engine.sampler import logprobs_of
 
 log = logging.getLogger(__name__)

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kvserve.engine.core.outputs import Logprob
+from kvserve.engine.core.request import Request
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.kernels.row_argmax import row_argmax
-from kvserve.engine.outputs import Logprob
-from kvserve.engine.request import Request
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.structured.bitmask import apply_grammar_masks
 

@@ -1,7 +1,7 @@
 """One API request as engine requests, and their outputs merged back as they come.
 
 One API request becomes one engine request per prompt, each with the body's ``n``: the engine
-draws the ``n`` samples (``engine/parent_request.py``: seeds ``seed + i``, and the samples
+draws the ``n`` samples (``engine/core/parent_request.py``: seeds ``seed + i``, and the samples
 after the first start from its cached prompt). Choice ``p * n + i`` is sample ``i`` of prompt
 ``p``. The engine's outputs are deltas; ``merge`` yields them as they come, each with its
 choice's index.
@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from kvserve.engine.async_llm import EngineDeadError, RequestFailedError
-from kvserve.engine.outputs import RequestOutput
+from kvserve.engine.core.outputs import RequestOutput
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.server.admission import Reservation
 from kvserve.server.errors import APIError, unavailable

@@ -4,8 +4,8 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from kvserve.engine.core.outputs import Logprob
 from kvserve.engine.detokenizer import decode_text
-from kvserve.engine.outputs import Logprob
 
 
 def _text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:

@@ -11,7 +11,7 @@ an ``ExpositionSnapshot``.
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from kvserve.engine.outputs import RequestOutput
+from kvserve.engine.core.outputs import RequestOutput
 from kvserve.engine.startup import StartupPhases
 from kvserve.server.metrics_info import register_engine_info
 from kvserve.server.metrics_snapshot import ExpositionSnapshot

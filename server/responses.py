@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from kvserve.engine.core.outputs import Logprob, RequestOutput, join_outputs
 from kvserve.engine.detokenizer import decode_text
-from kvserve.engine.outputs import Logprob, RequestOutput, join_outputs
 from kvserve.server.chat_tools import ToolUse
 from kvserve.server.logprobs import chat_logprobs, completion_logprobs
 from kvserve.server.protocol.chat import ChatCompletionRequest

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from kvserve.engine.outputs import RequestOutput
+from kvserve.engine.core.outputs import RequestOutput
 from kvserve.server.errors import unavailable
 from kvserve.server.fan_out import ENGINE_ERRORS, FanOut, engine_error, merge
 from kvserve.server.protocol.sampling import SamplingBody

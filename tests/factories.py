@@ -2,10 +2,10 @@
 
 import itertools
 
-from kvserve.engine.kv_cache_manager import KVCacheManager
-from kvserve.engine.request import Request
+from kvserve.engine.core.kv_cache_manager import KVCacheManager
+from kvserve.engine.core.request import Request
+from kvserve.engine.core.scheduler import Scheduler, SchedulerConfig
 from kvserve.engine.sampling_params import SamplingParams
-from kvserve.engine.scheduler import Scheduler, SchedulerConfig
 
 _ids = itertools.count()
 

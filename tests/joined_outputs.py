@@ -3,7 +3,7 @@ them here, with the engine's own ``join_outputs``."""
 
 from collections.abc import Iterable
 
-from kvserve.engine.outputs import RequestOutput, join_outputs
+from kvserve.engine.core.outputs import RequestOutput, join_outputs
 
 
 class JoinedOutputs:

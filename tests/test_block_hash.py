@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from kvserve.engine.block_hash import ROOT_PARENT, sha256_chain
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.kv_cache_manager import KVCacheManager
+from kvserve.engine.core.block_hash import ROOT_PARENT, sha256_chain
+from kvserve.engine.core.kv_cache_manager import KVCacheManager
 
 from factories import make_request
 
@@ -17,8 +17,8 @@ FIRST = "f45ae930310c74ad5e1e4338a12048048fd20fb584c5733766b7126cc80da15a"
 SECOND = "8a4093024caf2419d0125f268be69519f61d2aab1716f5e837ac92d5a5c307b3"
 
 CACHED_HASHES = """
-from kvserve.engine.kv_cache_manager import KVCacheManager
-from kvserve.engine.request import Request
+from kvserve.engine.core.kv_cache_manager import KVCacheManager
+from kvserve.engine.core.request import Request
 from kvserve.engine.sampling_params import SamplingParams
 kv = KVCacheManager(8, 4, True)
 r = Request("r", [1, 2, 3, 4, 5, 6, 7, 8, 9], SamplingParams(max_tokens=1))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvserve.engine.block_pool import BlockPool
+from kvserve.engine.core.block_pool import BlockPool
 from kvserve.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventLog
 
 

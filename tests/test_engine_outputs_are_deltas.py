@@ -4,7 +4,7 @@ deltas join to the offline (complete) output, and streamed text pieces to the wh
 import pytest
 
 from kvserve import LLM
-from kvserve.engine.outputs import RequestOutput, join_outputs
+from kvserve.engine.core.outputs import RequestOutput, join_outputs
 from kvserve.engine.sampling_params import SamplingParams
 
 from reference import hf_greedy

@@ -1,5 +1,5 @@
 """``n`` samples of one prompt, drawn by the engine: the offline API and the server take the
-same path (``engine/parent_request.py``)."""
+same path (``engine/core/parent_request.py``)."""
 
 import pytest
 

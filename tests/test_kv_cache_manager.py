@@ -1,6 +1,6 @@
 """Block tables and prefix caching, by exact block ids."""
 
-from kvserve.engine.kv_cache_manager import KVCacheManager
+from kvserve.engine.core.kv_cache_manager import KVCacheManager
 
 from factories import make_request
 

@@ -18,8 +18,8 @@ from kvserve.conformance.kv_events import (
     decode_replay_frames,
     parse_topic,
 )
-from kvserve.engine.block_hash import sha256_chain
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.core.block_hash import sha256_chain
 from kvserve.engine.kv_events import KVEventsConfig
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.sampling_params import SamplingParams

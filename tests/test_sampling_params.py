@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvserve import LLM, SamplingParams
-from kvserve.engine.request import Request
+from kvserve.engine.core.request import Request
 from kvserve.engine.sampler import Sampler
 
 VOCAB = 32

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvserve.engine.request import RequestStatus
+from kvserve.engine.core.request import RequestStatus
 
 from factories import finish_step, make_request, make_scheduler
 

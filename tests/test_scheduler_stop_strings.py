@@ -5,8 +5,8 @@ detokenizer over the tiny checkpoint's tokenizer): a stop string ends it once
 import pytest
 from transformers import AutoTokenizer
 
+from kvserve.engine.core.request import Request
 from kvserve.engine.detokenizer import Detokenizer
-from kvserve.engine.request import Request
 from kvserve.engine.sampling_params import SamplingParams
 
 from factories import make_scheduler

@@ -5,8 +5,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.registry import Collector
 
-from kvserve.engine.outputs import CompletionOutput, RequestOutput
-from kvserve.engine.scheduler import SchedulerStats
+from kvserve.engine.core.outputs import CompletionOutput, RequestOutput
+from kvserve.engine.core.scheduler import SchedulerStats
 from kvserve.engine.startup import StartupPhases
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.metrics_snapshot import ExpositionSnapshot

@@ -56,6 +56,7 @@ from multiprocessing.process import BaseProcess
 import torch
 
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.execution_plan import ExecutionPlan
 from kvserve.engine.executor import messages
 from kvserve.engine.executor.distributed import free_port, process_group, rendezvous_store
@@ -63,7 +64,6 @@ from kvserve.engine.executor.model_runner import ModelRunner
 from kvserve.engine.executor.worker import WorkerSpec, run_worker
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models.model_config import ModelConfig
-from kvserve.engine.scheduler import SchedulerOutput
 from kvserve.engine.startup import StartupPhases
 
 log = logging.getLogger(__name__)

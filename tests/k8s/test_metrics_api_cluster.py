@@ -27,7 +27,7 @@ from kubernetes import client, config
 from k8s.cluster_objects import apply_yaml, llmd, namespace
 from k8s.kube_cluster import ControlPlane, wait_for
 from k8s.support import NEEDS_CLUSTER, ROOT, load_sample
-from kvserve.engine.scheduler import SchedulerStats
+from kvserve.engine.core.scheduler import SchedulerStats
 from kvserve.operator.autoscaler import KV_USAGE_METRIC, WAITING_METRIC, render_hpa
 from kvserve.operator.kube import Kube
 from kvserve.operator.metrics_source import MetricsSource

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kvserve.engine.scheduler import SchedulerStats
+from kvserve.engine.core.scheduler import SchedulerStats
 from kvserve.operator.metrics_api.app import make_app
 from kvserve.operator.metrics_api.auth import Authorizer, RequestHeaderConfig, server_ssl_context
 from kvserve.operator.resource import labels

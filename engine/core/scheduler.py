@@ -5,8 +5,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvserve.engine.kv_cache_manager import KVCacheManager
-from kvserve.engine.request import Request, RequestStatus
+from kvserve.engine.core.kv_cache_manager import KVCacheManager
+from kvserve.engine.core.request import Request, RequestStatus
 
 log = logging.getLogger(__name__)
 

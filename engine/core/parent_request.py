@@ -11,8 +11,8 @@ computing the prompt again.
 
 import dataclasses
 
-from kvserve.engine.outputs import RequestOutput
-from kvserve.engine.request import Request
+from kvserve.engine.core.outputs import RequestOutput
+from kvserve.engine.core.request import Request
 from kvserve.engine.sampling_params import SamplingParams
 
 

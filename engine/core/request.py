@@ -5,9 +5,9 @@ import time
 
 import torch
 
-from kvserve.engine.block_hash import BlockHash
+from kvserve.engine.core.block_hash import BlockHash
+from kvserve.engine.core.outputs import Logprob
 from kvserve.engine.detokenizer import Detokenizer
-from kvserve.engine.outputs import Logprob
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.structured.matcher import RequestGrammar
 

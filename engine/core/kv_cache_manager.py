@@ -1,10 +1,10 @@
 """Block tables of requests over the block pool, with prefix caching."""
 
-from kvserve.engine.block_hash import HASH_ALGOS, BlockHash
-from kvserve.engine.block_pool import Block, BlockPool
 from kvserve.engine.cdiv import cdiv
+from kvserve.engine.core.block_hash import HASH_ALGOS, BlockHash
+from kvserve.engine.core.block_pool import Block, BlockPool
+from kvserve.engine.core.request import Request
 from kvserve.engine.kv_events import KVEventLog
-from kvserve.engine.request import Request
 
 
 class KVCacheManager:

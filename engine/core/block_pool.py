@@ -4,7 +4,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvserve.engine.block_hash import BlockHash
+from kvserve.engine.core.block_hash import BlockHash
 from kvserve.engine.kv_events import KVEventLog
 
 
