@@ -9,8 +9,9 @@ never waits on HTTP. With no unfinished request the thread sleeps on an event; w
 lets the requests sent together arrive before its first step (``ARRIVAL_QUIET_S``).
 
 Each step's outputs cross to the event loop in one ``call_soon_threadsafe`` (one wake-up of
-the loop per step, not one per request). Build the engine with ``build_engine``: the torch
-work of loading and warm-up must not leave an OpenMP team on a thread that outlives it.
+the loop per step, not one per request). Build the engine with ``engine_builder.build_engine``:
+the torch work of loading and warm-up must not leave an OpenMP team on a thread that outlives
+it.
 """
 
 import asyncio
@@ -18,12 +19,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import AsyncIterator
 
-from kvserve.engine.config import EngineConfig
+from kvserve.engine.async_messages import (
+    AbortRequest,
+    AddRequest,
+    EngineCommand,
+    Shutdown,
+    StepObserver,
+)
 from kvserve.engine.core.outputs import RequestOutput
 from kvserve.engine.llm_engine import EngineDeadError, LLMEngine
 from kvserve.engine.sampling_params import SamplingParams
@@ -43,64 +47,8 @@ IDLE_HEALTH_CHECK_S = 1.0
 tensor-parallel worker may die between steps): a dead engine shows in /health within it."""
 
 
-class StepObserver(Protocol):
-    """Told about every step (from the engine thread) and every abort."""
-
-    def on_step(self, stats, outputs: list[RequestOutput]) -> None: ...
-
-    def on_abort(self, request_id: str, stats, num_aborted: int) -> None: ...
-
-    def on_engine_dead(self, stats, num_failed: int) -> None: ...
-
-
 class RequestFailedError(RuntimeError):
     """The engine failed this request (finish reason ``"error"``); the others go on."""
-
-
-@dataclass(frozen=True)
-class AddRequest:
-    """Queue a request; ``accepted`` settles (on the event loop) once the engine took or
-    refused it, and its outputs go to ``stream``."""
-
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
-    arrival_time: float | None
-    stream: asyncio.Queue
-    accepted: asyncio.Future
-
-
-@dataclass(frozen=True)
-class AbortRequest:
-    """Drop a request if the engine still has it (an unknown or finished id: nothing)."""
-
-    request_id: str
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    """Stop the engine thread: open requests and adds queued after it get an error."""
-
-
-EngineCommand = AddRequest | AbortRequest | Shutdown
-
-
-def build_engine(
-    config: EngineConfig, progress: Callable[[int, int], None] | None = None
-) -> LLMEngine:
-    """An ``LLMEngine`` for an ``AsyncLLM``, built on a thread of its own that ends once the
-    engine is built (its errors are raised here).
-
-    GNU OpenMP, torch's CPU threads, keeps a team of worker threads for each thread that ran
-    a parallel op, for as long as that thread lives, and once a process has more OpenMP
-    threads than CPUs it cuts every team's spin-wait from 300,000 spins to 100: the workers
-    then sleep between the ops of a step and each op waits for their wake-up. Built on the
-    main thread, the engine left such a team there beside the engine thread's own, and
-    served decode steps took ~20% longer (benchmarks/cpu-levers.md, "Item 3"). A thread
-    that ends frees its team.
-    """
-    with ThreadPoolExecutor(1, thread_name_prefix="kvserve-engine-build") as builder:
-        return builder.submit(LLMEngine, config, progress).result()
 
 
 def _put_each(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

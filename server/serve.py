@@ -10,7 +10,8 @@ import sys
 
 from aiohttp import web
 
-from kvserve.engine.async_llm import AsyncLLM, build_engine
+from kvserve.engine.async_llm import AsyncLLM
+from kvserve.engine.engine_builder import build_engine
 from kvserve.engine.frozen_heap import frozen_heap
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.server.app import build_app

@@ -7,8 +7,9 @@ import pytest
 from joined_outputs import JoinedOutputs
 
 from kvserve.engine import async_llm
-from kvserve.engine.async_llm import AsyncLLM, build_engine
+from kvserve.engine.async_llm import AsyncLLM
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.engine_builder import build_engine
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.sampling_params import SamplingParams
 

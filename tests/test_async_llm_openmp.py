@@ -14,7 +14,8 @@ SCRIPT = f"""
 import asyncio, os, sys, threading
 import torch
 torch.set_num_threads({NUM_THREADS})
-from kvserve.engine.async_llm import AsyncLLM, build_engine
+from kvserve.engine.async_llm import AsyncLLM
+from kvserve.engine.engine_builder import build_engine
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.sampling_params import SamplingParams

@@ -10,7 +10,7 @@ which declares the engine dead.
 It dies with its parent: a thread waits on the parent's sentinel and ends the process the
 moment the parent is gone, even while the main thread is stuck in a collective. (prctl's
 PR_SET_PDEATHSIG would fire when the *thread* that started the worker ends, and the engine
-is built on a thread that ends once it is built: see ``async_llm.build_engine``.)
+is built on a thread that ends once it is built: see ``engine_builder.build_engine``.)
 """
 
 import multiprocessing
