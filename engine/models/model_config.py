@@ -55,6 +55,13 @@ class ModelConfig:
             raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; only silu")
         if raw.get("mlp_bias"):
             raise ValueError("mlp_bias is not supported")
+        quantization = raw.get("quantization_config")
+        if quantization is not None:
+            method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+            raise ValueError(
+                f"quantized checkpoints are not supported yet (quantization_config.quant_method "
+                f"{method!r}): serve a 16-bit checkpoint"
+            )
         num_heads = raw["num_attention_heads"]
         sliding = raw.get("sliding_window")
         if family == "qwen2" and not raw.get("use_sliding_window", False):
