@@ -20,8 +20,13 @@ lint: setup typecheck
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# mypy over the packages named in pyproject.toml's [tool.mypy]; it cannot follow the editable
-# install's import hook, so the repository root is linked as `kvserve` on its path.
+# mypy over the packages named in pyproject.toml's [tool.mypy], with the repository root linked
+# as `kvserve` on its path. The link stays because mypy has no other way to see the root as
+# `kvserve`: it names a module after the folders that hold it (a checkout's folder is not called
+# kvserve), has no package-dir mapping, and skips the editable install's .pth, which only imports
+# setuptools' finder. Its internal mypy.build API takes a module name per file and does work, but
+# it is not a stable interface; setuptools' strict editable mode is a tree of links too, and
+# needs a reinstall for each new module.
 typecheck: setup
 	mkdir -p $(VENV)/typecheck
 	ln -sfn $(CURDIR) $(VENV)/typecheck/kvserve

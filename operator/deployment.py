@@ -212,7 +212,7 @@ def render_deployment(
     name = owner["metadata"]["name"]
     res = spec.resources
     tp = spec.engine.tensor_parallel_size
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": "shm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
     ]

@@ -60,15 +60,19 @@ def retry_delay(attempt: int) -> float:
     return min(2.0**attempt, MAX_RETRY_DELAY)
 
 
+_Index = kopf.Index[tuple[str, str], bool]
+"""The ``llmdeployments`` index: the watched LLMDeployments by (namespace, name)."""
+
+
 @dataclass
 class _Resync:
-    index: kopf.Index
+    index: _Index
     task: asyncio.Task | None = None
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
 async def llmdeployments(
-    namespace: str, name: str, memo: kopf.Memo, **_: Any
+    namespace: str | None, name: str, memo: kopf.Memo, **_: Any
 ) -> dict[tuple[str, str], bool]:
     """The watched LLMDeployments by (namespace, name), for the resync.
 
@@ -76,6 +80,7 @@ async def llmdeployments(
     kopf gives an object's handlers, which ``kopf.warn`` needs to post an Event (a task started
     by the startup handler has none).
     """
+    assert namespace is not None, "LLMDeployment is a namespaced kind"
     resync: _Resync = memo.resync
     if resync.task is None:
         reconciler: Reconciler = memo.reconciler
@@ -88,9 +93,8 @@ async def llmdeployments(
 
 
 @kopf.on.startup()
-async def configure(
-    settings: kopf.OperatorSettings, memo: kopf.Memo, llmdeployments: kopf.Index, **_: Any
-) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+    """kopf passes each index among its keywords, named after its handler (``llmdeployments``)."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
@@ -100,7 +104,8 @@ async def configure(
     settings.scanning.disabled = True
     config.load_config()
     memo.reconciler = Reconciler(Kube(client.ApiClient()))
-    memo.resync = _Resync(llmdeployments)
+    index: _Index = kwargs["llmdeployments"]
+    memo.resync = _Resync(index)
 
 
 @kopf.on.cleanup()
@@ -109,13 +114,19 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
         memo.resync.task.cancel()
 
 
+def _warn(owner: dict[str, Any], reason: str, message: str) -> None:
+    """A Warning Event about ``owner``."""
+    # kopf takes any mapping as an object (``dicts.walk``); its hint names only its own Body.
+    kopf.warn(owner, reason=reason, message=message)  # type: ignore[arg-type]
+
+
 def _warn_pool_problem(written: tuple[dict[str, Any], Outcome] | None) -> None:
     """One Warning Event when the ``InferencePool`` condition turns False (no pool API)."""
     if written is not None:
         before, outcome = written
         problem = new_warning(before, outcome.status, POOL_CONDITION)
         if problem is not None:
-            kopf.warn(before, reason=problem["reason"], message=problem["message"])
+            _warn(before, reason=problem["reason"], message=problem["message"])
 
 
 def _reconcile(reconciler: Reconciler, owner: dict[str, Any]) -> None:
@@ -125,7 +136,7 @@ def _reconcile(reconciler: Reconciler, owner: dict[str, Any]) -> None:
     before, outcome = written
     if outcome.problem is not None and outcome.problem != reported_problem(before):
         reason, message = outcome.problem
-        kopf.warn(before, reason=reason, message=message)
+        _warn(before, reason=reason, message=message)
     _warn_pool_problem(written)
 
 
@@ -138,9 +149,7 @@ def _reconcile_named(reconciler: Reconciler, namespace: str, name: str) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def reconcile(
-    body: kopf.Body, memo: kopf.Memo, retry: int, logger: logging.Logger, **_: Any
-) -> None:
+def reconcile(body: kopf.Body, memo: kopf.Memo, retry: int, logger: kopf.Logger, **_: Any) -> None:
     try:
         _reconcile(memo.reconciler, dict(body))
     except StatusConflict as e:
@@ -189,7 +198,7 @@ def _handle_child(reconciler: Reconciler, child: kopf.Body, deleted: bool) -> No
 @kopf.on.event("inference.networking.k8s.io", "inferencepools", labels=MANAGED_BY)
 @kopf.on.event("", "v1", "pods", labels=MANAGED_BY)
 async def child_changed(
-    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     """A deleted child is re-created; a change of a Deployment or of a pod (any, deleted too:
     pods are the ReplicaSet's) refreshes the owner's status.

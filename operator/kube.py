@@ -32,14 +32,18 @@ PLURALS = {
 def api_message(error: ApiException) -> str:
     """The message of the API server's Status answer (it names the cause, e.g. "... because it
     is being terminated"), else the HTTP status line."""
-    try:
-        return json.loads(error.body)["message"]
-    except (TypeError, ValueError, KeyError):
-        return f"{error.status} {error.reason}"
+    if error.body is not None:
+        try:
+            return json.loads(error.body)["message"]
+        except (TypeError, ValueError, KeyError):
+            pass
+    return f"{error.status} {error.reason}"
 
 
 def namespace_terminating(error: ApiException) -> bool:
     """Whether the API server refused a write because its namespace is being deleted."""
+    if error.body is None:
+        return False
     try:
         causes = json.loads(error.body)["details"]["causes"]
     except (TypeError, ValueError, KeyError):
@@ -91,7 +95,7 @@ class Kube:
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
         return self._call("PATCH", path, obj, "application/apply-patch+yaml", query)
 
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self._call("GET", object_path(api_version, kind, namespace, name))
         except ApiException as e:

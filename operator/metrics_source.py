@@ -88,7 +88,9 @@ class MetricsSource:
             if e.status == 404:
                 return None
             raise
-        return json.loads(response.data)
+        # The urllib3 response, unread (``_preload_content=False``): the client's hint names the
+        # decoded model whatever the flag.
+        return json.loads(response.data)  # type: ignore[attr-defined]
 
     def verdict(self) -> Verdict | None:
         """None when kvserve's metrics API is not enabled."""

@@ -9,7 +9,7 @@ reports as a ``Degraded`` condition and an Event instead of retrying.
 
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -76,20 +76,34 @@ class KVEventsSpec(_Spec):
 def _engine_field(d: Declared) -> tuple[Any, Any]:
     """A declared setting as an ``EngineSpec`` field: its CRD name, its choices as a Literal;
     None (the server's default) unless the CRD gives the default."""
-    kind = Literal[d.setting.choices] if d.setting.choices else d.kind  # type: ignore[valid-type]
+    kind = Literal[d.setting.choices] if d.setting.choices else d.kind
     if d.setting.crd is not None and d.setting.crd.defaulted:
         return kind, Field(d.default, alias=d.crd_name)
     return kind | None, Field(None, alias=d.crd_name)
 
 
-EngineSpec = create_model(
-    "EngineSpec",
-    __base__=_Spec,
-    __doc__="The CRD's ``engine`` block: the declared settings (``CRD_ENGINE_SETTINGS``) and "
-    "``kvEvents``.",
-    **{d.name: _engine_field(d) for d in CRD_ENGINE_SETTINGS},
-    kv_events=(KVEventsSpec, Field(default_factory=KVEventsSpec, alias="kvEvents")),
-)
+if TYPE_CHECKING:
+
+    class EngineSpec(_Spec):
+        """What mypy sees of the model built below, whose declared fields it cannot see: the
+        fields the operator reads by name. The others it reads with ``getattr``, one per
+        ``CRD_ENGINE_SETTINGS`` entry (``deployment.engine_flags``)."""
+
+        tensor_parallel_size: int
+        kv_events: KVEventsSpec
+
+        def __init__(self, **data: Any) -> None:
+            """Every field has a default (the CRD's, or None)."""
+
+else:
+    EngineSpec = create_model(
+        "EngineSpec",
+        __base__=_Spec,
+        __doc__="The CRD's ``engine`` block: the declared settings (``CRD_ENGINE_SETTINGS``) "
+        "and ``kvEvents``.",
+        **{d.name: _engine_field(d) for d in CRD_ENGINE_SETTINGS},
+        kv_events=(KVEventsSpec, Field(default_factory=KVEventsSpec, alias="kvEvents")),
+    )
 
 
 class EndpointPickerRef(_Spec):
@@ -122,7 +136,7 @@ class LLMDeploymentSpec(_Spec):
     image_pull_policy: str | None = Field(None, alias="imagePullPolicy")
     api_key_secret: SecretKey | None = Field(None, alias="apiKeySecret")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    engine: EngineSpec = Field(default_factory=EngineSpec)  # type: ignore[valid-type]
+    engine: EngineSpec = Field(default_factory=EngineSpec)
     extra_args: list[str] = Field(default_factory=list, alias="extraArgs")
     env: list[dict[str, Any]] = Field(default_factory=list)
     drain: DrainSpec = Field(default_factory=DrainSpec)

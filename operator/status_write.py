@@ -44,7 +44,8 @@ def write_outcome(
             if e.status != 409:
                 raise
         meta = owner["metadata"]
-        owner = kube.get(owner["apiVersion"], owner["kind"], meta["namespace"], meta["name"])
-        if owner is None or owner["metadata"].get("deletionTimestamp"):
+        current = kube.get(owner["apiVersion"], owner["kind"], meta["namespace"], meta["name"])
+        if current is None or current["metadata"].get("deletionTimestamp"):
             return None
+        owner = current
     raise StatusConflict(f"{meta['namespace']}/{meta['name']} changed {ATTEMPTS} times")

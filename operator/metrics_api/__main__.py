@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import logging
 import os
-from functools import partial
+from typing import Any
 
 from aiohttp import web
 from kubernetes import client, config
@@ -40,7 +40,10 @@ def main() -> None:
     async def pods(namespace: str, selector: str) -> list[dict]:
         return await asyncio.to_thread(list_pods, api, namespace, selector)
 
-    authorizer = Authorizer(partial(asyncio.to_thread, review_access, api))
+    async def review(body: dict[str, Any]) -> dict[str, Any]:
+        return await asyncio.to_thread(review_access, api, body)
+
+    authorizer = Authorizer(review)
     app = make_app(requestheader, authorizer, pods, args.scrape_timeout, args.max_age)
     web.run_app(app, port=args.port, ssl_context=tls, access_log=None, print=None)
 
