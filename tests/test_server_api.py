@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kvserve import LLM, SamplingParams
 
+from conftest import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 from server_process import API_KEY, ServerProcess
 
 PROMPT = "def split(text, sep):\n    return"
@@ -19,10 +20,11 @@ def model_dir(checkpoint):
     return checkpoint("llama")
 
 
-@pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=TENSOR_PARALLEL, ids=TENSOR_PARALLEL_IDS)
+def server(model_dir, tmp_path_factory, request):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with ServerProcess(model_dir, "--num-kv-blocks", "256", "--max-num-seqs", "16", log=log) as s:
+    args = ("--num-kv-blocks", "256", "--max-num-seqs", "16", "--tensor-parallel-size")
+    with ServerProcess(model_dir, *args, str(request.param), log=log) as s:
         yield s
 
 

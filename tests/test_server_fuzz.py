@@ -24,6 +24,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from kvserve.server.openapi import REQUESTS, openapi_document
 
+from conftest import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 from server_process import API_KEY, ServerProcess
 
 BASES = {
@@ -131,11 +132,12 @@ def check_answer(status: int, content_type: str, body: bytes) -> int:
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
+@pytest.fixture(scope="module", params=TENSOR_PARALLEL, ids=TENSOR_PARALLEL_IDS)
+def server(checkpoint, tmp_path_factory, request):
     log = tmp_path_factory.mktemp("server") / "server.log"
     args = ("--num-kv-blocks", "64", "--max-model-len", "64", "--max-waiting-requests", "16")
-    with ServerProcess(checkpoint("llama"), *args, log=log) as s:
+    tp = ("--tensor-parallel-size", str(request.param))
+    with ServerProcess(checkpoint("llama"), *args, *tp, log=log) as s:
         yield s
 
 

@@ -16,6 +16,7 @@ from kvserve.engine.structured.compiler import GrammarCompiler
 from kvserve.engine.structured.matcher import RequestGrammar
 from kvserve.engine.structured.spec import OutputConstraint
 
+from conftest import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 from factories import finish_step, make_request, make_scheduler
 
 SCHEMA = {
@@ -33,9 +34,11 @@ JSON = OutputConstraint("json", json.dumps(SCHEMA))
 CHOICES = ("yes", "no", 'say "maybe"')
 
 
-@pytest.fixture(scope="module")
-def llm(checkpoint):
-    return LLM(str(checkpoint("llama")), num_kv_blocks=256)
+@pytest.fixture(scope="module", params=TENSOR_PARALLEL, ids=TENSOR_PARALLEL_IDS)
+def llm(checkpoint, request):
+    llm = LLM(str(checkpoint("llama")), num_kv_blocks=256, tensor_parallel_size=request.param)
+    yield llm
+    llm.engine.shutdown()
 
 
 def texts(llm, params, n=4, prompt="def f(x):"):

@@ -10,6 +10,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from conftest import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 from server_process import API_KEY, ServerProcess
 
 SCHEMA = {
@@ -42,10 +43,11 @@ class City(BaseModel):
     motto: str = Field(max_length=6)
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
+@pytest.fixture(scope="module", params=TENSOR_PARALLEL, ids=TENSOR_PARALLEL_IDS)
+def server(checkpoint, tmp_path_factory, request):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with ServerProcess(checkpoint("llama"), "--num-kv-blocks", "256", log=log) as s:
+    args = ("--num-kv-blocks", "256", "--tensor-parallel-size", str(request.param))
+    with ServerProcess(checkpoint("llama"), *args, log=log) as s:
         yield s
 
 
