@@ -1,5 +1,6 @@
 """Failures injected into a live engine, for the tests that check what they break."""
 
+import os
 import threading
 import time
 
@@ -37,3 +38,12 @@ def slow_down(monkeypatch, obj, name: str, seconds: float) -> threading.Event:
 
     monkeypatch.setattr(obj, name, slow)
     return running
+
+
+def gone(pid: int) -> bool:
+    """No process ``pid`` exists any more (reaped, not a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

@@ -14,15 +14,9 @@ from kvserve.engine.config import EngineConfig
 from kvserve.engine.executor import messages, multiproc
 from kvserve.engine.llm_engine import EngineDeadError, LLMEngine
 
+from faults import gone
+
 GREEDY = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@ process, one thread each) give transformers' greedy tokens for every family, wit
 prefill, prefix caching and preemption, every block accounted for after every step; and the
 engine stops its worker when it shuts down."""
 
-import os
-
 import pytest
 from joined_outputs import JoinedOutputs
 from test_engine_interleaving import arrivals
@@ -15,15 +13,8 @@ from kvserve.engine.executor.multiproc import MultiprocExecutor
 from kvserve.engine.llm_engine import LLMEngine
 
 from audit import assert_all_released, audit_blocks
+from faults import gone
 from reference import assert_greedy_match, hf_greedy
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])

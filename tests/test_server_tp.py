@@ -9,6 +9,7 @@ import socket
 import urllib.request
 from pathlib import Path
 
+from faults import gone
 from server_process import API_KEY, ServerProcess
 
 DEAD_EVENT = {
@@ -34,14 +35,6 @@ def workers(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid and spawned:
                 found.append(int(entry.name))
     return found
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_a_killed_worker_ends_the_stream_turns_health_503_and_exits_the_server(
