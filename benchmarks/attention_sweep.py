@@ -46,8 +46,8 @@ def sweep_shape(batch: int, context: int, tiles: list[dict], deadline: float) ->
     """Times the launch ``attention_launch`` picks, each tile choice at its split count,
     and the best two tile choices at every split count; each with its largest
     difference from the fp32 torch path."""
-    from kvserve.engine.attention.torch_backend import TorchAttention
-    from kvserve.engine.attention.triton_backend import attention_launch, paged_attention
+    from kvserve.engine.layers.attention.torch_backend import TorchAttention
+    from kvserve.engine.layers.attention.triton_backend import attention_launch, paged_attention
 
     config = llama3_8b_config()
     device = torch.device("cuda")

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.executor import messages
 from kvserve.engine.executor.distributed import free_port, process_group, rendezvous_store
 from kvserve.engine.executor.model_runner import StepInputs
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
 
 REPEATS = 300
 TRANSPORTS = ("socket", "socket_torch_pickle", "broadcast_object", "broadcast_tensors")

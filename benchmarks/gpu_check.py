@@ -333,8 +333,8 @@ def graph_us(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> fl
 def decode_attention_batch(config: LlamaConfig, batch: int, context: int, device) -> tuple:
     """A decode batch of ``batch`` sequences of ``context`` tokens over a random bf16 cache
     of 16-token blocks in shuffled order: (query, key cache, value cache, metadata)."""
-    from kvserve.engine.attention.metadata import AttentionMetadata
     from kvserve.engine.cdiv import cdiv
+    from kvserve.engine.layers.attention.metadata import AttentionMetadata
 
     head_dim = config.head_dim
     per_seq = cdiv(context, 16)
@@ -361,9 +361,9 @@ def measure_kernels(config: LlamaConfig, device, bandwidth_gbs: float) -> dict:
     """Side by side in this run, each replayed from a CUDA graph: decode attention with
     the keys split as the launch picks vs unsplit (and the KV read floor), and each fused
     elementwise kernel vs the torch expressions it replaces, at batch 1 and 64."""
-    from kvserve.engine.attention.triton_backend import attention_launch, paged_attention
     from kvserve.engine.kernels import triton_fused
     from kvserve.engine.layers import fused_ops
+    from kvserve.engine.layers.attention.triton_backend import attention_launch, paged_attention
     from kvserve.engine.layers.rotary import RotaryEmbedding
     from kvserve.engine.models.model_config import RopeConfig
 

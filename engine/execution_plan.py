@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kvserve.engine.attention.backend import AttentionBackend, select_backend
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import DTYPES, EngineConfig
 from kvserve.engine.graphs.cpu_graphs import use_cpu_graphs
@@ -17,6 +16,7 @@ from kvserve.engine.kv_cache_sizing import (
     cuda_kv_cache_blocks,
     kv_block_bytes,
 )
+from kvserve.engine.layers.attention.backend import AttentionBackend, select_backend
 from kvserve.engine.layers.cpu_linear.packed_linear import can_pack
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig

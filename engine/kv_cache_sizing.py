@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvserve.engine.attention.backend import select_backend
-from kvserve.engine.attention.cpu_backend import CPUAttention
-from kvserve.engine.attention.torch_backend import TorchAttention
 from kvserve.engine.kernels import cpu_library
 from kvserve.engine.kernels.cpu_isa import cpu_flags
+from kvserve.engine.layers.attention.backend import select_backend
+from kvserve.engine.layers.attention.cpu_backend import CPUAttention
+from kvserve.engine.layers.attention.torch_backend import TorchAttention
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 

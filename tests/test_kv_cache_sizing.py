@@ -6,13 +6,13 @@ import logging
 import pytest
 import torch
 
-from kvserve.engine.attention.torch_backend import TorchAttention
 from kvserve.engine.kv_cache_sizing import (
     MemoryProfile,
     kv_cache_blocks,
     profile_query_lens,
     profile_step,
 )
+from kvserve.engine.layers.attention.torch_backend import TorchAttention
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 

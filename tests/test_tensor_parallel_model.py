@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from kvserve.engine.attention.metadata import AttentionMetadata
-from kvserve.engine.attention.torch_backend import TorchAttention
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
+from kvserve.engine.layers.attention.torch_backend import TorchAttention
 from kvserve.engine.layers.cpu_linear.packed_linear import can_pack
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models import registry

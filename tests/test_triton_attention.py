@@ -18,19 +18,19 @@ from cpu_paths import ISA_PARAMS, num_threads
 from joined_outputs import JoinedOutputs
 
 from kvserve import SamplingParams
-from kvserve.engine.attention import triton_backend
-from kvserve.engine.attention.backend import select_backend
-from kvserve.engine.attention.cpu_backend import CPUAttention
-from kvserve.engine.attention.metadata import AttentionMetadata
-from kvserve.engine.attention.torch_backend import TorchAttention
-from kvserve.engine.attention.triton_backend import (
+from kvserve.engine.cdiv import cdiv
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.kernels import cpu_library
+from kvserve.engine.layers.attention import triton_backend
+from kvserve.engine.layers.attention.backend import select_backend
+from kvserve.engine.layers.attention.cpu_backend import CPUAttention
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
+from kvserve.engine.layers.attention.torch_backend import TorchAttention
+from kvserve.engine.layers.attention.triton_backend import (
     TritonAttention,
     attention_launch,
     paged_attention,
 )
-from kvserve.engine.cdiv import cdiv
-from kvserve.engine.config import EngineConfig
-from kvserve.engine.kernels import cpu_library
 from kvserve.engine.layers.cpu_linear import dpbf16_linear
 from kvserve.engine.llm_engine import LLMEngine
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvserve.engine.attention.triton_backend import (
+from kvserve.engine.kernels.triton_fused import SILU_BLOCK
+from kvserve.engine.layers.attention.triton_backend import (
     MAX_SPLITS,
     attention_launch,
     store_kv_constants,
 )
-from kvserve.engine.kernels.triton_fused import SILU_BLOCK
 
 DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 SHAPES = {  # num_heads, num_kv_heads, head_dim

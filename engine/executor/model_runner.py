@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from kvserve.engine import host_allocator
-from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.core.request import Request
 from kvserve.engine.core.scheduler import SchedulerOutput
@@ -22,6 +21,7 @@ from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan
 from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
 from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig

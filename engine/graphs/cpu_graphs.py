@@ -25,9 +25,9 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.graphs.static_batch import StaticDecodeBatch
 from kvserve.engine.kernels import cpu_library
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.models.decoder import DecoderLM, KVCache
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ import bisect
 
 import torch
 
-from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.graphs.static_batch import StaticDecodeBatch
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.models.decoder import DecoderLM, KVCache
 
 

@@ -5,7 +5,7 @@ size)."""
 
 import torch
 
-from kvserve.engine.attention.metadata import AttentionMetadata
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
 
 
 class StaticDecodeBatch:

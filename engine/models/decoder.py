@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kvserve.engine.attention.backend import AttentionBackend
-from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.layers import fused_ops
-from kvserve.engine.layers.attention import Attention, KVCache
+from kvserve.engine.layers.attention.backend import AttentionBackend
+from kvserve.engine.layers.attention.layer import Attention, KVCache
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.layernorm import RMSNorm
 from kvserve.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from kvserve.engine.layers.rotary import RotaryEmbedding

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from kvserve.engine.attention.backend import AttentionBackend
+from kvserve.engine.layers.attention.backend import AttentionBackend
 from kvserve.engine.layers.linear import LinearBase, default_weight_loader
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models import registry

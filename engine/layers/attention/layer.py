@@ -6,8 +6,8 @@ projection (row-parallel: one all-reduce)."""
 import torch
 from torch import nn
 
-from kvserve.engine.attention.backend import AttentionBackend
-from kvserve.engine.attention.metadata import AttentionMetadata
+from kvserve.engine.layers.attention.backend import AttentionBackend
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.layernorm import RMSNorm
 from kvserve.engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from kvserve.engine.layers.rotary import RotaryEmbedding

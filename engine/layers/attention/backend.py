@@ -5,8 +5,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.config import ATTENTION_BACKENDS
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +64,15 @@ def _backend(device: torch.device, choice: str) -> AttentionBackend:
         if choice == "cpu" and not cpu_library.available():
             choice = "torch"
     if choice == "triton":
-        from kvserve.engine.attention.triton_backend import TritonAttention
+        from kvserve.engine.layers.attention.triton_backend import TritonAttention
 
         return TritonAttention()
     if choice == "cpu":
-        from kvserve.engine.attention.cpu_backend import CPUAttention
+        from kvserve.engine.layers.attention.cpu_backend import CPUAttention
 
         if device.type != "cpu":
             raise ValueError("the cpu attention backend runs on the CPU only")
         return CPUAttention()
-    from kvserve.engine.attention.torch_backend import TorchAttention
+    from kvserve.engine.layers.attention.torch_backend import TorchAttention
 
     return TorchAttention()

@@ -5,9 +5,9 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 
-from kvserve.engine.attention.backend import AttentionBackend
-from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.cdiv import cdiv
+from kvserve.engine.layers.attention.backend import AttentionBackend
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
 
 
 def gather_context(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:

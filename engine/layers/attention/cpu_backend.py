@@ -11,8 +11,8 @@ of the qkv projection, one row copy per token.
 
 import torch
 
-from kvserve.engine.attention.torch_backend import TorchAttention
 from kvserve.engine.kernels import cpu_library
+from kvserve.engine.layers.attention.torch_backend import TorchAttention
 from kvserve.engine.layers.cpu_linear import dpbf16_linear
 from kvserve.engine.layers.fused_ops import rows_of_heads
 

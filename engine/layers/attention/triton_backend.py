@@ -5,13 +5,13 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from kvserve.engine.attention.backend import AttentionBackend
-from kvserve.engine.attention.metadata import AttentionMetadata
 from kvserve.engine.kernels.triton_attention import (
     merge_splits_kernel,
     paged_attention_kernel,
     store_kv_kernel,
 )
+from kvserve.engine.layers.attention.backend import AttentionBackend
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
 
 MIN_DOT = 16  # tl.dot needs every dimension >= 16 on a GPU
 PREFILL_BLOCK_M = 64
