@@ -568,9 +568,10 @@ def delete_leaves_nothing(ctx: Context) -> str:
 
 WORKERS = (
     "import os; print(sum(b'spawn_main' in open(f'/proc/{p}/cmdline', 'rb').read() "
-    "for p in os.listdir('/proc') if p.isdigit()))"
+    "for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()))"
 )
-"""Counts a pod's spawned worker processes (multiprocessing's ``spawn_main``)."""
+"""Counts a pod's spawned worker processes (multiprocessing's ``spawn_main``), this counting
+process (whose own command line names it) left out."""
 
 
 def tensor_parallel_on_cpu(ctx: Context) -> str:
