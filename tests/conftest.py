@@ -34,8 +34,3 @@ def checkpoint(tmp_path_factory):
         return built[name]
 
     return get
-
-
-TENSOR_PARALLEL = (1, 2)
-"""The rank counts the engine, server, structured-output and fuzz suites run with."""
-TENSOR_PARALLEL_IDS = ("tp1", "tp2")

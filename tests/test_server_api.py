@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kvserve import LLM, SamplingParams
 
-from conftest import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
+from rank_counts import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 from server_process import API_KEY, ServerProcess
 
 PROMPT = "def split(text, sep):\n    return"

@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from kvserve.server.openapi import REQUESTS, openapi_document
 
-from conftest import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
+from rank_counts import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 from server_process import API_KEY, ServerProcess
 
 BASES = {

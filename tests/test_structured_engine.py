@@ -16,8 +16,8 @@ from kvserve.engine.structured.compiler import GrammarCompiler
 from kvserve.engine.structured.matcher import RequestGrammar
 from kvserve.engine.structured.spec import OutputConstraint
 
-from conftest import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 from factories import finish_step, make_request, make_scheduler
+from rank_counts import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 
 SCHEMA = {
     "type": "object",

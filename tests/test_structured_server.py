@@ -10,7 +10,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from conftest import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
+from rank_counts import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 from server_process import API_KEY, ServerProcess
 
 SCHEMA = {
