@@ -18,6 +18,12 @@ DTYPE_ALIASES = {
 }
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+QUANTIZATIONS = ("fp8",)
+"""vLLM's ``--quantization`` values that quantize a 16-bit checkpoint as it loads; a checkpoint
+that is already quantized names its own method in ``quantization_config``."""
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+"""vLLM's ``--kv-cache-dtype``: ``auto`` stores keys and values in the model's dtype, ``fp8``
+(= ``fp8_e4m3``) as e4m3 with a per-tensor scale per layer."""
 EXECUTOR_BACKENDS = ("mp", "uni")
 """vLLM's ``--distributed-executor-backend``: ``mp`` runs ranks 1..N-1 in worker processes
 (``engine/executor/multiproc.py``), ``uni`` runs the one rank in the engine's process."""
@@ -71,6 +77,21 @@ class EngineConfig:
         help="mp: ranks 1..N-1 in worker processes; uni: one rank in the engine's process, "
         "tensor_parallel_size 1 only (default: uni for one rank, mp for several)",
     )
+    quantization: str | None = setting(
+        None,
+        choices=QUANTIZATIONS,
+        crd=Crd(),
+        help="quantize a 16-bit checkpoint's linear layers as it loads (fp8: per-channel "
+        "e4m3 weights, dynamic per-token activation scales); a quantized checkpoint's own "
+        "method comes from its quantization_config",
+    )
+    kv_cache_dtype: str = setting(
+        "auto",
+        choices=KV_CACHE_DTYPES,
+        crd=Crd(),
+        help="the KV cache's element type: auto (the model's dtype) or fp8 (e4m3, half the "
+        "memory of 16 bits; per-layer k/v scales from the checkpoint, else 1.0)",
+    )
     enable_prefix_caching: bool = setting(True, crd=Crd(defaulted=True))
     prefix_caching_hash_algo: str = setting(
         "sha256",
@@ -103,6 +124,15 @@ class EngineConfig:
             raise ValueError(
                 f"prefix_caching_hash_algo must be one of {sorted(HASH_ALGOS)}, "
                 f"got {self.prefix_caching_hash_algo!r}"
+            )
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {list(QUANTIZATIONS)}, got {self.quantization!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
             )
         check_minimums(self)
         backend = self.distributed_executor_backend
