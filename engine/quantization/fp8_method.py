@@ -1,0 +1,127 @@
+"""FP8 (e4m3) linear layers, W8A8: compressed-tensors ``float-quantized``, Hugging Face
+``fp8`` (block-wise or per-tensor), ModelOpt FP8, and 16-bit weights quantized as they load
+(``--quantization fp8``).
+
+Loaded layout, sharded like a 16-bit weight (``linear.Dims``): ``weight`` float8_e4m3fn
+[N, K]; ``weight_scale`` float32, per output feature [N] (a per-tensor scale fills the rows
+of its projection, so fused q/k/v keep each their own) or per block
+[ceil(N / bn), ceil(K / bk)] (a rank's rows and columns must be whole blocks); with static
+activations ``input_scale``, one float32 (the largest of a fused layer's parts, so the
+activation fits every part's range). ``W = weight * scale``.
+
+After loading: with ``triton`` kernels the layer multiplies in FP8
+(``triton_fp8_gemm``: activations quantized per token, per token and block column, or by the
+static scale); otherwise the weight is dequantized once into the compute dtype and runs as a
+16-bit layer, activations unquantized (no FP8 arithmetic on a CPU: the memory is that of the
+16-bit checkpoint).
+"""
+
+import torch
+from torch import nn
+
+from kvserve.engine.cdiv import cdiv
+from kvserve.engine.layers.linear import (
+    WEIGHT,
+    Dims,
+    LinearBase,
+    LinearMethod,
+    UnquantizedLinearMethod,
+    add_parameter,
+    create_bias,
+)
+from kvserve.engine.quantization.config import Fp8Scheme
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)
+
+
+def _fp8_weight(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype != FP8:
+        raise ValueError(f"an FP8 checkpoint's weight is float8_e4m3fn, this one is {t.dtype}")
+    return t
+
+
+def _float(t: torch.Tensor) -> torch.Tensor:
+    return t.float()
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 16-bit weight [N, K] → (FP8 weight, float32 scale [N]): each row's largest
+    magnitude maps to e4m3's largest (448)."""
+    amax = weight.float().abs().amax(dim=1).clamp(min=1e-12)
+    scale = amax / FP8_MAX
+    return (weight.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def dequantize(
+    weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None
+) -> torch.Tensor:
+    """``weight * scale`` in float32: per row, or per ``block`` of rows x columns."""
+    if block is None:
+        return weight.float() * scale[:, None]
+    n, k = weight.shape
+    full = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
+    return weight.float() * full[:n, :k]
+
+
+class Fp8LinearMethod(LinearMethod):
+    def __init__(self, scheme: Fp8Scheme) -> None:
+        self.scheme = scheme
+        if not scheme.at_load:
+            self.checkpoint_names = {
+                "weight": ("weight", _fp8_weight),
+                scheme.scale_name: ("weight_scale", _float),
+                "input_scale": ("input_scale", _float),
+            }
+
+    def create_weights(self, layer: LinearBase, bias: bool) -> None:
+        scheme = self.scheme
+        if scheme.at_load:
+            UnquantizedLinearMethod().create_weights(layer, bias)
+            return
+        n, k = layer.out_features, layer.in_features
+        add_parameter(layer, "weight", torch.empty(n, k, dtype=FP8), WEIGHT)
+        if scheme.block is not None:
+            rows, cols = scheme.block
+            scale = torch.empty(cdiv(n, rows), cdiv(k, cols), dtype=torch.float32)
+            add_parameter(layer, "weight_scale", scale, Dims(output_unit=rows, input_unit=cols))
+        else:
+            scale = torch.empty(n, dtype=torch.float32)
+            add_parameter(layer, "weight_scale", scale, Dims(input=None))
+        if scheme.activations == "static":
+            static = torch.zeros((), dtype=torch.float32)
+            add_parameter(layer, "input_scale", static, Dims(output=None, input=None, merge="max"))
+        create_bias(layer, bias)
+
+    def process_weights_after_loading(self, layer: LinearBase, kernels: str) -> None:
+        if self.scheme.at_load:
+            weight, scale = quantize_per_channel(layer.weight.detach())
+        else:
+            weight, scale = layer.weight.detach(), layer.weight_scale.detach()
+            del layer.weight_scale
+        del layer.weight
+        if kernels == "triton":
+            layer.register_buffer("weight_fp8", weight)
+            layer.register_buffer("scale", scale)
+            if "input_scale" in layer._parameters:
+                static = layer.input_scale.detach()
+                del layer.input_scale
+                layer.register_buffer("static_scale", static)
+            return
+        if "input_scale" in layer._parameters:
+            del layer.input_scale
+        dense = dequantize(weight, scale, self.scheme.block)
+        layer.weight = nn.Parameter(dense.to(layer.compute_dtype), requires_grad=False)
+        layer.method = UnquantizedLinearMethod()
+        layer.method.process_weights_after_loading(layer, kernels)
+
+    def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
+        from kvserve.engine.kernels import triton_fp8_gemm
+
+        block = self.scheme.block
+        if block is not None:
+            return triton_fp8_gemm.fp8_block_matmul(
+                x, layer.weight_fp8, layer.scale, block, layer.bias
+            )
+        static = getattr(layer, "static_scale", None)
+        return triton_fp8_gemm.fp8_matmul(x, layer.weight_fp8, layer.scale, static, layer.bias)
