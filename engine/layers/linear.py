@@ -162,6 +162,14 @@ def add_parameter(layer: "LinearBase", name: str, data: torch.Tensor, dims: Dims
     layer.register_parameter(name, param)
 
 
+def take(layer: nn.Module, name: str) -> torch.Tensor:
+    """Parameter ``name`` of ``layer``, removed from it (a loaded tensor that a weight method
+    turns into its runtime form)."""
+    data = layer.get_parameter(name).detach()
+    delattr(layer, name)
+    return data
+
+
 def create_bias(layer: "LinearBase", bias: bool) -> None:
     """A bias over this rank's output features, or none."""
     if bias:
@@ -213,6 +221,8 @@ class LinearBase(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.method = method or UnquantizedLinearMethod()
         self.compute_dtype = torch.get_default_dtype()
+        self.static_scale: torch.Tensor | None = None
+        """A static activation scale of quantized weights, once loaded."""
         self.kernel = None
         self.method.create_weights(self, bias)
 

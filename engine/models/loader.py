@@ -82,11 +82,11 @@ def load_model(
                 if param is None:
                     raise ValueError(f"unexpected weight {name!r} in {path}{_why(cfg, name)}")
                 weight_loader = getattr(param, "weight_loader", default_weight_loader)
-                tensor = handle.get_slice(name) if transform is None else None
                 try:
-                    if tensor is None:
-                        tensor = transform(handle.get_tensor(name))
-                    weight_loader(param, tensor, shard_id)
+                    if transform is None:
+                        weight_loader(param, handle.get_slice(name), shard_id)
+                    else:
+                        weight_loader(param, transform(handle.get_tensor(name)), shard_id)
                 except (RuntimeError, ValueError) as e:
                     shape = list(handle.get_slice(name).get_shape())
                     raise ValueError(

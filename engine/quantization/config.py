@@ -186,7 +186,8 @@ def _compressed_tensors(quant: dict) -> QuantConfig:
             if not (isinstance(structure, list) and len(structure) == 2):
                 raise _refuse(method, f"FP8 block_structure {structure!r}")
             block = (int(structure[0]), int(structure[1]))
-        return QuantConfig(method, Fp8Scheme(strategy, _fp8_activations(acts, block)), ignore)
+        scheme = Fp8Scheme(strategy, _fp8_activations(acts, block), block)
+        return QuantConfig(method, scheme, ignore)
     if kind == "int" and bits == 4:
         if fmt != "pack-quantized":
             raise _refuse(method, f"format {fmt!r} for 4-bit weights (pack-quantized is)")
@@ -197,13 +198,13 @@ def _compressed_tensors(quant: dict) -> QuantConfig:
         order = weights.get("actorder")
         if order not in (None, "group"):
             raise _refuse(method, f"actorder {order!r} (none or group is)")
-        scheme = Int4Scheme(
+        int4 = Int4Scheme(
             "pack-quantized",
             _group_size(method, weights.get("group_size")),
             symmetric=bool(weights.get("symmetric", True)),
             act_order=order == "group",
         )
-        return QuantConfig(method, scheme, ignore)
+        return QuantConfig(method, int4, ignore)
     raise _refuse(method, f"{bits}-bit {kind} weights")
 
 

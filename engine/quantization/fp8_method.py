@@ -17,7 +17,6 @@ static scale); otherwise the weight is dequantized once into the compute dtype a
 """
 
 import torch
-from torch import nn
 
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.layers.linear import (
@@ -28,6 +27,7 @@ from kvserve.engine.layers.linear import (
     UnquantizedLinearMethod,
     add_parameter,
     create_bias,
+    take,
 )
 from kvserve.engine.quantization.config import Fp8Scheme
 
@@ -43,6 +43,11 @@ def _fp8_weight(t: torch.Tensor) -> torch.Tensor:
 
 def _float(t: torch.Tensor) -> torch.Tensor:
     return t.float()
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A per-channel scale ([N] or [N, 1]) or a per-tensor one ([], [1]) as a vector."""
+    return t.float().reshape(-1)
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +75,7 @@ class Fp8LinearMethod(LinearMethod):
         if not scheme.at_load:
             self.checkpoint_names = {
                 "weight": ("weight", _fp8_weight),
-                scheme.scale_name: ("weight_scale", _float),
+                scheme.scale_name: ("weight_scale", _float if scheme.block else _flat),
                 "input_scale": ("input_scale", _float),
             }
 
@@ -95,33 +100,25 @@ class Fp8LinearMethod(LinearMethod):
 
     def process_weights_after_loading(self, layer: LinearBase, kernels: str) -> None:
         if self.scheme.at_load:
-            weight, scale = quantize_per_channel(layer.weight.detach())
+            weight, scale = quantize_per_channel(take(layer, "weight"))
         else:
-            weight, scale = layer.weight.detach(), layer.weight_scale.detach()
-            del layer.weight_scale
-        del layer.weight
+            weight, scale = take(layer, "weight"), take(layer, "weight_scale")
+        static = take(layer, "input_scale") if "input_scale" in layer._parameters else None
         if kernels == "triton":
             layer.register_buffer("weight_fp8", weight)
             layer.register_buffer("scale", scale)
-            if "input_scale" in layer._parameters:
-                static = layer.input_scale.detach()
-                del layer.input_scale
-                layer.register_buffer("static_scale", static)
+            layer.static_scale = static
             return
-        if "input_scale" in layer._parameters:
-            del layer.input_scale
         dense = dequantize(weight, scale, self.scheme.block)
-        layer.weight = nn.Parameter(dense.to(layer.compute_dtype), requires_grad=False)
+        add_parameter(layer, "weight", dense.to(layer.compute_dtype))
         layer.method = UnquantizedLinearMethod()
         layer.method.process_weights_after_loading(layer, kernels)
 
     def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
         from kvserve.engine.kernels import triton_fp8_gemm
 
+        weight, scale = layer.get_buffer("weight_fp8"), layer.get_buffer("scale")
         block = self.scheme.block
         if block is not None:
-            return triton_fp8_gemm.fp8_block_matmul(
-                x, layer.weight_fp8, layer.scale, block, layer.bias
-            )
-        static = getattr(layer, "static_scale", None)
-        return triton_fp8_gemm.fp8_matmul(x, layer.weight_fp8, layer.scale, static, layer.bias)
+            return triton_fp8_gemm.fp8_block_matmul(x, weight, scale, block, layer.bias)
+        return triton_fp8_gemm.fp8_matmul(x, weight, scale, layer.static_scale, layer.bias)

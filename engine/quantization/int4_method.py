@@ -18,7 +18,6 @@ is that of the 16-bit checkpoint).
 """
 
 import torch
-from torch import nn
 
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.layers.linear import (
@@ -31,6 +30,7 @@ from kvserve.engine.layers.linear import (
     UnquantizedLinearMethod,
     add_parameter,
     create_bias,
+    take,
 )
 from kvserve.engine.quantization.config import Int4Scheme
 from kvserve.engine.quantization.int4_packing import (
@@ -89,7 +89,7 @@ class Int4LinearMethod(LinearMethod):
         scheme = self.scheme
         n, k, size = layer.out_features, layer.in_features, scheme.group_size
         if scheme.act_order:  # any feature may use any group: all of them on every rank
-            full_k = k * layer.tp.size if _row_parallel(layer) else k
+            full_k = k * layer.tp.size if isinstance(layer, RowParallelLinear) else k
             groups, group_dims = cdiv(full_k, size), Dims(input=None)
         else:
             groups, group_dims = cdiv(k, size), Dims(input_unit=size)
@@ -106,25 +106,21 @@ class Int4LinearMethod(LinearMethod):
         create_bias(layer, bias)
 
     def process_weights_after_loading(self, layer: LinearBase, kernels: str) -> None:
-        scheme = self.scheme
-        qvalue = layer.qvalue.detach()
+        qvalue = take(layer, "qvalue")
         k = qvalue.shape[1]
         if "weight_shape" in layer._parameters:
-            full_k = k * layer.tp.size if _row_parallel(layer) else k
-            stored = int(layer.weight_shape[1])
+            full_k = k * layer.tp.size if isinstance(layer, RowParallelLinear) else k
+            stored = int(take(layer, "weight_shape")[1])
             if stored != full_k:
                 raise ValueError(
                     f"weight_shape says {stored} input features; the layer has {full_k}"
                 )
-            del layer.weight_shape
-        g_idx = self._g_idx(layer, k)
-        scales = layer.scales.detach()
-        if scheme.stores_zeros:
-            zeros = layer.zeros.detach()
-            del layer.zeros
+        g_idx = self._g_idx(layer, k, qvalue.device)
+        scales = take(layer, "scales")
+        if self.scheme.stores_zeros:
+            zeros = take(layer, "zeros")
         else:
             zeros = torch.full_like(scales, SIGNED_OFFSET)
-        del layer.qvalue, layer.scales
         dtype = layer.compute_dtype
         if kernels == "triton":
             from kvserve.engine.kernels.triton_w4a16 import pack_int4
@@ -136,19 +132,18 @@ class Int4LinearMethod(LinearMethod):
             return
         g = g_idx.long()
         weight = (qvalue.float() - zeros[:, g]) * scales[:, g]
-        layer.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+        add_parameter(layer, "weight", weight.to(dtype))
         layer.method = UnquantizedLinearMethod()
         layer.method.process_weights_after_loading(layer, kernels)
 
-    def _g_idx(self, layer: LinearBase, k: int) -> torch.Tensor:
+    def _g_idx(self, layer: LinearBase, k: int, device: torch.device) -> torch.Tensor:
         """This rank's group of each input feature: the checkpoint's with act-order, else
         ``k // group_size`` (a GPTQ checkpoint's g_idx is checked to say the same)."""
         size = self.scheme.group_size
-        plain = torch.arange(k, dtype=torch.int32, device=layer.qvalue.device) // size
+        plain = torch.arange(k, dtype=torch.int32, device=device) // size
         if "g_idx" not in layer._parameters:
             return plain
-        g_idx = layer.g_idx.detach().clone()
-        del layer.g_idx
+        g_idx = take(layer, "g_idx")
         if self.scheme.act_order:
             return g_idx
         if not torch.equal(g_idx - g_idx[0], plain):
@@ -161,10 +156,5 @@ class Int4LinearMethod(LinearMethod):
     def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
         from kvserve.engine.kernels.triton_w4a16 import w4a16_matmul
 
-        return w4a16_matmul(
-            x, layer.qweight, layer.scales_t, layer.zeros_t, layer.g_index, layer.bias
-        )
-
-
-def _row_parallel(layer: LinearBase) -> bool:
-    return isinstance(layer, RowParallelLinear)
+        buffers = (layer.get_buffer(n) for n in ("qweight", "scales_t", "zeros_t", "g_index"))
+        return w4a16_matmul(x, *buffers, layer.bias)
