@@ -52,20 +52,23 @@ def meta(context: list[int], new: list[int]) -> AttentionMetadata:
 
 @torch.inference_mode()
 def run_steps(
-    path: Path, tp: TensorParallel, backend: AttentionBackend | None = None
+    path: Path,
+    tp: TensorParallel,
+    backend: AttentionBackend | None = None,
+    prompts: list[list[int]] = PROMPTS,
 ) -> list[torch.Tensor]:
-    """The logits of a prefill of PROMPTS and DECODE_STEPS greedy decode steps, in float32
-    through ``backend`` (default: torch's attention and the CPU's packed linears)."""
+    """The logits of a prefill of ``prompts`` and DECODE_STEPS greedy decode steps, in
+    float32 through ``backend`` (default: torch's attention and the CPU's packed linears)."""
     cfg = ModelConfig.from_dir(path)
     cpu = torch.device("cpu")
     packed = can_pack(torch.float32, cpu)
     backend = backend or TorchAttention()
     model = load_model(path, cfg, backend, 64, torch.float32, cpu, packed=packed, tp=tp)
-    shape = (len(PROMPTS) * MAX_BLOCKS, BLOCK_SIZE, tp.kv_heads(cfg.num_kv_heads), cfg.head_dim)
+    shape = (len(prompts) * MAX_BLOCKS, BLOCK_SIZE, tp.kv_heads(cfg.num_kv_heads), cfg.head_dim)
     caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
-    ids = torch.tensor([t for p in PROMPTS for t in p])
-    positions = torch.cat([torch.arange(len(p)) for p in PROMPTS])
-    step = meta([0] * len(PROMPTS), [len(p) for p in PROMPTS])
+    ids = torch.tensor([t for p in prompts for t in p])
+    positions = torch.cat([torch.arange(len(p)) for p in prompts])
+    step = meta([0] * len(prompts), [len(p) for p in prompts])
     last = step.query_start_loc[1:].long() - 1
     out = []
     for _ in range(DECODE_STEPS + 1):
@@ -73,7 +76,7 @@ def run_steps(
         out.append(logits)
         context = step.seq_lens_host
         ids, positions = logits.argmax(-1), torch.tensor(context)
-        step, last = meta(context, [1] * len(PROMPTS)), None
+        step, last = meta(context, [1] * len(prompts)), None
     return out
 
 

@@ -53,6 +53,8 @@ def read(loaded: Any, dim: int = 0, start: int = 0, length: int | None = None) -
     """``loaded`` narrowed to ``length`` entries from ``start`` along ``dim`` (all of it by
     default), read as a tensor: from a safetensors slice only those bytes are read."""
     shape = shape_of(loaded)
+    if not shape:  # a scalar: one scale for a whole tensor
+        return loaded[...]
     length = shape[dim] - start if length is None else length
     index = tuple(
         slice(start, start + length) if d == dim else slice(None) for d in range(len(shape))
