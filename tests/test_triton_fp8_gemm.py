@@ -23,6 +23,7 @@ from kvserve.engine.kernels.fp8_quant import (
 from kvserve.engine.kernels.triton_fp8_gemm import (
     fp8_block_matmul,
     fp8_gemm,
+    fp8_launch,
     fp8_matmul,
     uses_scaled_mm,
 )
@@ -191,12 +192,14 @@ def test_fp8_block_matmul(dtype, m, block, with_bias):
 
 @pytest.mark.parametrize("fp8_dots", DOTS)
 def test_fp8_gemm_block_scales_with_each_kind_of_dot(fp8_dots):
-    """The K tile (64) is half the 128-column group: both tiles of a group take its scale."""
+    """48-column groups take 16-deep K tiles, three to a group, each scaled by its group's
+    scales (320 = 6 * 48 + 32: the last group two tiles)."""
     torch.manual_seed(5)
-    block = (64, 128)
+    block = (64, 48)
+    assert fp8_launch(20, 48).block_k == 16
     w, wq, w_scale = quantized_weight(96, 320, block)
     x = torch.randn(20, 320)
-    xq, x_scale = quantize_per_token_group(x, 128)
+    xq, x_scale = quantize_per_token_group(x, 48)
     got = fp8_gemm(xq, x_scale, wq, w_scale, torch.float32, None, block, fp8_dots)
     check(
         got,
@@ -205,13 +208,50 @@ def test_fp8_gemm_block_scales_with_each_kind_of_dot(fp8_dots):
         wq,
         expand_blocks(w_scale, 96, 320, block),
         xq,
-        expand_blocks(x_scale, 20, 320, (1, 128)),
+        expand_blocks(x_scale, 20, 320, (1, 48)),
         None,
         torch.float32,
     )
+
+
+def test_the_k_tile_divides_the_scale_group():
+    assert [fp8_launch(1, k).block_k for k in (128, 256, 64, 96, 16)] == [128, 128, 64, 32, 16]
+    assert (fp8_launch(16, 128).block_m, fp8_launch(17, 128).block_m) == (16, 64)
 
 
 def test_fp8_block_matmul_rejects_a_block_k_not_a_multiple_of_16():
     x = torch.randn(2, 40)
     with pytest.raises(ValueError, match="multiple of 16"):
         fp8_block_matmul(x, torch.zeros(8, 40).to(FP8_DTYPE), torch.ones(1, 2), (8, 20))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    reason="torch._scaled_mm needs FP8 tensor cores",
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("static", [False, True], ids=["per-token", "static"])
+def test_fp8_matmul_through_scaled_mm(dtype, static):
+    """Aligned shapes go to torch._scaled_mm, whose output is bf16 first: bf16's tolerance."""
+    torch.manual_seed(9)
+    n, k, m = 96, 256, 40
+    assert uses_scaled_mm(torch.cuda.get_device_capability(), n, k)
+    w, wq, w_scale = quantized_weight(n, k, None)
+    x = torch.randn(m, k).to(dtype)
+    bias = torch.randn(n).to(dtype)
+    input_scale = torch.tensor(x.float().abs().max().item() / FP8_MAX) if static else None
+    got = fp8_matmul(
+        x.cuda(),
+        wq.cuda(),
+        w_scale.cuda(),
+        None if input_scale is None else input_scale.cuda(),
+        bias.cuda(),
+    )
+    if static:
+        xq, x_scale = quantize_per_tensor(x, input_scale), input_scale
+    else:
+        xq, x_scale = quantize_per_token(x)
+    ref = (xq.float() * x_scale) @ (wq.float() * w_scale[:, None]).t() + bias.float()
+    assert got.dtype == dtype
+    assert_within(got, ref, *TOLERANCES[torch.bfloat16])
+    assert_within(got, x.float() @ w.t() + bias.float(), 0.0, UNQUANTIZED_TOLERANCE)

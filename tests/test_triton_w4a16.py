@@ -5,7 +5,8 @@ Tolerances, per output element, against ``ref = x.float() @ W + bias`` with ``sc
 largest ``|ref|``: ``|got - ref| <= rtol * |ref| + atol * scale``. The kernel rounds the
 dequantized weight to the activations' dtype (2^-11 relative in fp16, 2^-9 in bf16) and the
 output once (the interpreter's bf16 casts truncate: 2^-7 relative), accumulating in fp32.
-fp16: rtol 2^-9, atol 2^-10; bf16: rtol 2^-6, atol 2^-7; fp32: rtol = atol = 2^-18.
+fp16: rtol 2^-9, atol 2^-10; bf16: rtol 2^-7, atol 2^-8; fp32: rtol = atol = 2^-18 (measured
+worst in the interpreter: 2^-11.2, 2^-7.6 and 2^-20.7 of the largest |ref|).
 """
 
 import pytest
@@ -21,7 +22,7 @@ from kvserve.engine.kernels.triton_w4a16 import (
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOLERANCES = {  # dtype: (rtol, atol as a fraction of the largest |ref|)
     torch.float16: (2**-9, 2**-10),
-    torch.bfloat16: (2**-6, 2**-7),
+    torch.bfloat16: (2**-7, 2**-8),
     torch.float32: (2**-18, 2**-18),
 }
 DTYPES = [

@@ -15,6 +15,8 @@ interpreter on a CPU) it decodes the FP8 bits into fp16 (exactly: every e4m3 val
 value times 2^8) and dots in fp16. Both accumulate in fp32.
 """
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -68,8 +70,9 @@ def fp8_gemm_kernel(
     ``[M, K]`` and B ``[N, K]`` FP8 (as uint8 bit patterns unless ``FP8_DOTS``), K
     contiguous. ``BLOCK_SCALES``: scales per K group, ``a_scale[m, k // GROUP_K]`` and
     ``b_scale[n // GROUP_N, k // GROUP_K]``, applied to each K tile's dot (``BLOCK_K``
-    divides ``GROUP_K``); otherwise ``a_scale[m]`` and ``b_scale[n]`` (``GROUP_N`` 1), applied
-    once at the end. Scale rows are ``stride_asm`` and ``stride_bsn`` apart, groups adjacent."""
+    divides ``GROUP_K``); otherwise ``a_scale[m]`` and ``b_scale[n]`` (``GROUP_N`` 1,
+    ``GROUP_K`` unread), applied once at the end. Scale rows are ``stride_asm`` and
+    ``stride_bsn`` apart, groups adjacent."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -123,6 +126,31 @@ def uses_scaled_mm(capability: tuple[int, int] | None, n: int, k: int) -> bool:
     return has_fp8_tensor_cores(capability) and n % 16 == 0 and k % 16 == 0
 
 
+@dataclass(frozen=True)
+class FP8Launch:
+    """One launch's tiles and warps."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+
+
+def fp8_launch(m: int, group_k: int) -> FP8Launch:
+    """Decode-sized ``m`` (up to ``DECODE_MAX_M``): 16 x 64 tiles, four warps; larger: 64 x
+    128, eight (at four, sm_90's block-scaled kernel holds 240 registers a thread). The K
+    tile is 128 deep, or the largest power of two dividing ``group_k`` (the block's K size,
+    a multiple of 16) so that no tile straddles two scale groups."""
+    if group_k % 16:
+        raise ValueError(f"the block's K size must be a multiple of 16, got {group_k}")
+    block_k = 128
+    while group_k % block_k:
+        block_k //= 2
+    if m <= DECODE_MAX_M:
+        return FP8Launch(16, 64, block_k, 4)
+    return FP8Launch(64, 128, block_k, 8)
+
+
 def fp8_gemm(
     xq: torch.Tensor,
     x_scale: torch.Tensor,
@@ -139,16 +167,11 @@ def fp8_gemm(
     m, k = xq.shape
     n = weight.shape[0]
     group_n, group_k = (1, 128) if block is None else block
-    if group_k % 16:
-        raise ValueError(f"the block's K size must be a multiple of 16, got {group_k}")
-    block_k = 128
-    while group_k % block_k:
-        block_k //= 2
-    block_m, block_n = (16, 64) if m <= DECODE_MAX_M else (64, 128)
+    launch = fp8_launch(m, group_k)
     if not fp8_dots:
         xq, weight = xq.view(torch.uint8), weight.view(torch.uint8)
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
-    fp8_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+    fp8_gemm_kernel[(triton.cdiv(m, launch.block_m), triton.cdiv(n, launch.block_n))](
         xq,
         weight,
         x_scale,
@@ -168,10 +191,10 @@ def fp8_gemm(
         GROUP_K=group_k,
         FP8_DOTS=fp8_dots,
         HAS_BIAS=bias is not None,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        num_warps=4,
+        BLOCK_M=launch.block_m,
+        BLOCK_N=launch.block_n,
+        BLOCK_K=launch.block_k,
+        num_warps=launch.num_warps,
         num_stages=3,
     )
     return out
@@ -225,6 +248,4 @@ def fp8_block_matmul(
     its activation group scale and weight block scale. Returns ``[M, N]`` in ``x``'s dtype."""
     xq, x_scale = quantize_per_token_group(x, block[1])
     fp8_dots = has_fp8_tensor_cores(cuda_capability(x.device))
-    return fp8_gemm(
-        xq, x_scale, weight, weight_scale.contiguous(), x.dtype, bias, block, fp8_dots
-    )
+    return fp8_gemm(xq, x_scale, weight, weight_scale.contiguous(), x.dtype, bias, block, fp8_dots)

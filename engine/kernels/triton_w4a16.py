@@ -163,7 +163,9 @@ def w4a16_matmul(
     launch = w4a16_launch(m, n, k)
     native = x.dtype == torch.float16 or (x.dtype == torch.bfloat16 and x.is_cuda)
     out = x.new_empty((m, n))
-    target = out if launch.split_k == 1 else x.new_empty((launch.split_k, m, n), dtype=torch.float32)
+    target = (
+        out if launch.split_k == 1 else x.new_empty((launch.split_k, m, n), dtype=torch.float32)
+    )
     grid = (triton.cdiv(m, launch.block_m), triton.cdiv(n, launch.block_n), launch.split_k)
     w4a16_gemm_kernel[grid](
         x,
