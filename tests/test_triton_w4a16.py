@@ -62,7 +62,7 @@ def assert_matches(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> 
 def run_case(m, n, k, group_size, act_order, symmetric, with_bias, dtype):
     torch.manual_seed(m * 7919 + n * 31 + k + group_size)
     weight = quantized_weight(n, k, group_size, act_order, symmetric, dtype)
-    x = torch.randn(m, k).to(dtype)
+    x = torch.randn(m, k + 24).to(dtype)[:, 8 : k + 8]  # rows k + 24 apart
     bias = torch.randn(n).to(dtype) if with_bias else None
     ref = x.float() @ weight["w"] + (0 if bias is None else bias.float())
     got = w4a16_matmul(

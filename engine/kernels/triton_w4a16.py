@@ -150,8 +150,9 @@ def w4a16_matmul(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ W (+ bias)`` in ``x``'s dtype for ``x`` ``[M, K]`` (float16, bfloat16 or
-    float32, unit stride along K) and the module docstring's weight layouts; ``bias``
-    ``[N]``. Returns a new contiguous ``[M, N]``."""
+    float32) and the module docstring's weight layouts (``qweight``, ``scales`` and ``zeros``
+    with a unit stride along N, rows any stride apart); ``bias`` ``[N]``. Returns a new
+    contiguous ``[M, N]``."""
     m, k = x.shape
     n = qweight.shape[1]
     if qweight.shape[0] * 8 != k or g_idx.shape != (k,):
