@@ -20,7 +20,7 @@ from quant_formats import FORMATS, write_config_json
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from checkpoints import build_checkpoint
+from checkpoints import CHAT_TEMPLATE, build_checkpoint
 
 QUANT_SHAPE = dict(
     hidden_size=256,
@@ -46,7 +46,7 @@ class QuantizedCheckpoint:
 def build_quant_source(family: str, path: Path, seed: int = 0) -> Path:
     """A ``family`` checkpoint of ``QUANT_SHAPE`` in bfloat16 at ``path``, the model a
     quantizing tool would start from."""
-    build_checkpoint(family, path, seed, **QUANT_SHAPE)
+    build_checkpoint(family, path, seed, CHAT_TEMPLATE, **QUANT_SHAPE)
     tensors = load_file(path / WEIGHTS)
     save_file({k: v.to(SOURCE_DTYPE) for k, v in tensors.items()}, path / WEIGHTS, {"format": "pt"})
     config = json.loads((path / "config.json").read_text())

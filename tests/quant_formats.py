@@ -7,6 +7,7 @@ mean, the reference checkpoint's weight.
 """
 
 import json
+import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,13 +83,15 @@ class Awq(QuantFormat):
     group_size: int = 128
     dtype: ClassVar[torch.dtype] = torch.float16
 
-    def quantize(self, layer, projection, weight, input_absmax):
+    def quantize(
+        self, layer: int, projection: str, weight: torch.Tensor, input_absmax: float
+    ) -> Quantized:
         groups = quantize_int4(
             weight, column_groups(weight.shape[1], self.group_size), symmetric=False
         )
         return awq_tensors(groups), groups.dequantized()
 
-    def write_config(self, directory, config):
+    def write_config(self, directory: Path, config: dict[str, Any]) -> None:
         # AutoAWQ quantizes the decoder layers only and leaves modules_to_not_convert unset.
         write_config_json(
             directory,
@@ -126,13 +129,16 @@ class Gptq(QuantFormat):
             return groups
         key = (layer, INPUT_OF[projection])
         if key not in self._orders:
-            generator = torch.Generator().manual_seed(self.seed * 1000 + len(self._orders))
+            seed = zlib.crc32(f"{self.seed} {layer} {key[1]}".encode())
+            generator = torch.Generator().manual_seed(seed)
             self._orders[key] = torch.randperm(columns, generator=generator)
         g_idx = torch.empty_like(groups)
         g_idx[self._orders[key]] = groups
         return g_idx
 
-    def quantize(self, layer, projection, weight, input_absmax):
+    def quantize(
+        self, layer: int, projection: str, weight: torch.Tensor, input_absmax: float
+    ) -> Quantized:
         g_idx = self.g_idx(layer, projection, weight.shape[1])
         groups = quantize_int4(weight, g_idx, symmetric=self.sym, min_zero=1)
         return gptq_tensors(groups), groups.dequantized()
@@ -152,7 +158,7 @@ class Gptq(QuantFormat):
             "checkpoint_format": "gptq",
         }
 
-    def write_config(self, directory, config):
+    def write_config(self, directory: Path, config: dict[str, Any]) -> None:
         write_config_json(directory, config, self.quantization_config())
         # AutoGPTQ writes the same settings to quantize_config.json too.
         (directory / "quantize_config.json").write_text(
@@ -173,7 +179,7 @@ class CompressedTensors(QuantFormat):
         )
         return dict(compressor.compress(state, self.scheme))
 
-    def write_config(self, directory, config):
+    def write_config(self, directory: Path, config: dict[str, Any]) -> None:
         write_config_json(directory, config)
         quantization_config = QuantizationConfig(
             config_groups={"group_0": self.scheme},
@@ -194,12 +200,13 @@ class CompressedTensorsInt4(CompressedTensors):
         self.group_size = group_size
         self.sym = sym
         scheme = preset_name_to_scheme("W4A16" if sym else "W4A16_ASYM", ["Linear"])
-        assert scheme.weights is not None
         scheme.weights.group_size = group_size
         scheme.format = CompressionFormat.pack_quantized
         self.scheme = scheme
 
-    def quantize(self, layer, projection, weight, input_absmax):
+    def quantize(
+        self, layer: int, projection: str, weight: torch.Tensor, input_absmax: float
+    ) -> Quantized:
         groups = quantize_int4(
             weight, column_groups(weight.shape[1], self.group_size), symmetric=self.sym
         )
@@ -230,8 +237,11 @@ class CompressedTensorsFp8(CompressedTensors):
             format=CompressionFormat.float_quantized,
         )
 
-    def quantize(self, layer, projection, weight, input_absmax):
-        block = (1, weight.shape[1]) if self.per_channel else tuple(weight.shape)
+    def quantize(
+        self, layer: int, projection: str, weight: torch.Tensor, input_absmax: float
+    ) -> Quantized:
+        rows, cols = weight.shape
+        block = (1, cols) if self.per_channel else (rows, cols)
         values, scale = quantize_fp8(weight, block)
         meant = values.float() * expand_blocks(scale, block, weight.shape)
         state = {
@@ -252,12 +262,14 @@ class Fp8Block(QuantFormat):
     weight_block_size: tuple[int, int] = (128, 128)
     dtype: ClassVar[torch.dtype] = torch.bfloat16
 
-    def quantize(self, layer, projection, weight, input_absmax):
+    def quantize(
+        self, layer: int, projection: str, weight: torch.Tensor, input_absmax: float
+    ) -> Quantized:
         values, scale = quantize_fp8(weight, self.weight_block_size)
         meant = values.float() * expand_blocks(scale, self.weight_block_size, weight.shape)
         return {"weight": values, "weight_scale_inv": scale}, meant
 
-    def write_config(self, directory, config):
+    def write_config(self, directory: Path, config: dict[str, Any]) -> None:
         write_config_json(
             directory,
             config,
@@ -279,8 +291,11 @@ class ModelOptFp8(QuantFormat):
 
     dtype: ClassVar[torch.dtype] = torch.bfloat16
 
-    def quantize(self, layer, projection, weight, input_absmax):
-        values, scale = quantize_fp8(weight, tuple(weight.shape))
+    def quantize(
+        self, layer: int, projection: str, weight: torch.Tensor, input_absmax: float
+    ) -> Quantized:
+        rows, cols = weight.shape
+        values, scale = quantize_fp8(weight, (rows, cols))
         tensors = {
             "weight": values,
             "weight_scale": scale.reshape(()),
@@ -310,7 +325,7 @@ class ModelOptFp8(QuantFormat):
             "quant_method": "modelopt",
         }
 
-    def write_config(self, directory, config):
+    def write_config(self, directory: Path, config: dict[str, Any]) -> None:
         write_config_json(directory, config, self.quantization_config())
         (directory / "hf_quant_config.json").write_text(
             json.dumps(self.hf_quant_config(), indent=4)
