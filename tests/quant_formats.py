@@ -255,11 +255,13 @@ class CompressedTensorsFp8(CompressedTensors):
 
 @dataclass
 class Fp8Block(QuantFormat):
-    """transformers' fine-grained FP8 as Qwen3-*-FP8 and DeepSeek-V3 ship it: weight
-    float8_e4m3fn [N, K] and weight_scale_inv float32 [ceil(N/bn), ceil(K/bk)], the weight
-    being the FP8 value times its block's weight_scale_inv; activations dynamic."""
+    """transformers' fine-grained FP8 as DeepSeek-V3 and Qwen3-*-FP8 ship it: weight
+    float8_e4m3fn [N, K] and weight_scale_inv [ceil(N/bn), ceil(K/bk)], the weight being the
+    FP8 value times its block's weight_scale_inv; activations dynamic. The scales are float32
+    in DeepSeek-V3, bfloat16 in Qwen3's FP8 releases (``scale_dtype``)."""
 
     weight_block_size: tuple[int, int] = (128, 128)
+    scale_dtype: torch.dtype = torch.float32
     dtype: ClassVar[torch.dtype] = torch.bfloat16
 
     def quantize(
@@ -267,7 +269,7 @@ class Fp8Block(QuantFormat):
     ) -> Quantized:
         values, scale = quantize_fp8(weight, self.weight_block_size)
         meant = values.float() * expand_blocks(scale, self.weight_block_size, weight.shape)
-        return {"weight": values, "weight_scale_inv": scale}, meant
+        return {"weight": values, "weight_scale_inv": scale.to(self.scale_dtype)}, meant
 
     def write_config(self, directory: Path, config: dict[str, Any]) -> None:
         write_config_json(
