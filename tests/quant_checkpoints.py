@@ -56,10 +56,19 @@ def build_quant_source(family: str, path: Path, seed: int = 0) -> Path:
 
 def write_quantized(src: Path, dst: Path, fmt: str, **options: Any) -> QuantizedCheckpoint:
     """Quantize every decoder-layer linear (q/k/v/o, gate/up/down) of the checkpoint at ``src``
-    into format ``fmt`` (a name in quant_formats.FORMATS, whose fields are the ``options``) and
-    write the model directory ``dst`` (config.json, tokenizer files, model.safetensors) and its
-    float32 reference beside it, ``dst`` named ``<name>.reference``. Embeddings, norms and
-    lm_head stay unquantized in the format's dtype, and are the same values in the reference."""
+    into format ``fmt`` and write the model directory ``dst`` (config.json, tokenizer files,
+    model.safetensors) and its float32 reference beside it, named ``<dst name>.reference``.
+    Embeddings, norms and lm_head stay unquantized in the format's dtype (float16 for AWQ and
+    GPTQ, bfloat16 otherwise), and hold the same values in the reference.
+
+    ``fmt`` and its ``options`` (the fields of its class in quant_formats):
+        "awq"                      group_size=128
+        "gptq"                     group_size=128, sym=True, desc_act=False, seed=0
+        "compressed-tensors-int4"  group_size=128, sym=True
+        "compressed-tensors-fp8"   per_channel=False, dynamic=False
+        "fp8"                      weight_block_size=(128, 128), scale_dtype=torch.float32
+        "modelopt-fp8"             (none)
+    """
     quant_format = FORMATS[fmt](**options)
     input_absmax = calibrate(src)
     quantized: dict[str, torch.Tensor] = {}
