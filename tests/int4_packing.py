@@ -18,6 +18,7 @@ AutoGPTQ (quant_method "gptq", checkpoint_format "gptq"):
 """
 
 import torch
+
 from quant_math import Int4Groups
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds column AWQ_ORDER[i] of its 8

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from quant_formats import FORMATS, write_config_json
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from checkpoints import CHAT_TEMPLATE, build_checkpoint
+from quant_formats import FORMATS, write_config_json
 
 QUANT_SHAPE = dict(
     hidden_size=256,

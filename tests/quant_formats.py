@@ -22,6 +22,7 @@ from compressed_tensors.quantization import (
     QuantizationStatus,
     preset_name_to_scheme,
 )
+
 from int4_packing import awq_tensors, gptq_tensors
 from quant_math import FP8_MAX, expand_blocks, quantize_fp8, quantize_int4
 

@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
+
 from int4_packing import AWQ_ORDER, gptq_tensors, pack_nibbles
 from quant_checkpoints import (
     QUANT_FAMILIES,
@@ -18,8 +21,6 @@ from quant_checkpoints import (
     write_quantized,
 )
 from quant_math import Int4Groups, coarse_scale
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
 
 LINEARS = [
     f"model.layers.{layer}.{projection}"

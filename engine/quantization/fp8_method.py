@@ -16,6 +16,9 @@ static scale); otherwise the weight is dequantized once into the compute dtype a
 16-bit checkpoint).
 """
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 from kvserve.engine.cdiv import cdiv
@@ -72,6 +75,7 @@ def dequantize(
 class Fp8LinearMethod(LinearMethod):
     def __init__(self, scheme: Fp8Scheme) -> None:
         self.scheme = scheme
+        self.matmul: Callable[..., torch.Tensor] | None = None
         if not scheme.at_load:
             self.checkpoint_names = {
                 "weight": ("weight", _fp8_weight),
@@ -104,7 +108,14 @@ class Fp8LinearMethod(LinearMethod):
         else:
             weight, scale = take(layer, "weight"), take(layer, "weight_scale")
         static = take(layer, "input_scale") if "input_scale" in layer._parameters else None
-        if kernels == "triton":
+        if kernels == "triton":  # imported here: serving on a CPU never imports triton
+            from kvserve.engine.kernels import triton_fp8_gemm
+
+            block = self.scheme.block
+            if block is None:
+                self.matmul = triton_fp8_gemm.fp8_matmul
+            else:
+                self.matmul = functools.partial(triton_fp8_gemm.fp8_block_matmul, block=block)
             layer.register_buffer("weight_fp8", weight)
             layer.register_buffer("scale", scale)
             layer.static_scale = static
@@ -115,10 +126,8 @@ class Fp8LinearMethod(LinearMethod):
         layer.method.process_weights_after_loading(layer, kernels)
 
     def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
-        from kvserve.engine.kernels import triton_fp8_gemm
-
+        assert self.matmul is not None  # the Triton path's, set once the weights loaded
         weight, scale = layer.get_buffer("weight_fp8"), layer.get_buffer("scale")
-        block = self.scheme.block
-        if block is not None:
-            return triton_fp8_gemm.fp8_block_matmul(x, weight, scale, block, layer.bias)
-        return triton_fp8_gemm.fp8_matmul(x, weight, scale, layer.static_scale, layer.bias)
+        if self.scheme.block is not None:
+            return self.matmul(x, weight, scale, bias=layer.bias)
+        return self.matmul(x, weight, scale, layer.static_scale, layer.bias)

@@ -17,6 +17,8 @@ layer (on a CPU no 4-bit kernel of ours is faster than the packed 16-bit ones: t
 is that of the 16-bit checkpoint).
 """
 
+from collections.abc import Callable
+
 import torch
 
 from kvserve.engine.cdiv import cdiv
@@ -83,6 +85,7 @@ def checkpoint_names(scheme: Int4Scheme) -> dict[str, tuple[str, Transform | Non
 class Int4LinearMethod(LinearMethod):
     def __init__(self, scheme: Int4Scheme) -> None:
         self.scheme = scheme
+        self.matmul: Callable[..., torch.Tensor] | None = None
         self.checkpoint_names = checkpoint_names(scheme)
 
     def create_weights(self, layer: LinearBase, bias: bool) -> None:
@@ -122,9 +125,10 @@ class Int4LinearMethod(LinearMethod):
         else:
             zeros = torch.full_like(scales, SIGNED_OFFSET)
         dtype = layer.compute_dtype
-        if kernels == "triton":
-            from kvserve.engine.kernels.triton_w4a16 import pack_int4
+        if kernels == "triton":  # imported here: serving on a CPU never imports triton
+            from kvserve.engine.kernels.triton_w4a16 import pack_int4, w4a16_matmul
 
+            self.matmul = w4a16_matmul
             layer.register_buffer("qweight", pack_int4(qvalue))
             layer.register_buffer("scales_t", scales.t().to(dtype).contiguous())
             layer.register_buffer("zeros_t", zeros.t().to(dtype).contiguous())
@@ -154,7 +158,6 @@ class Int4LinearMethod(LinearMethod):
         return plain
 
     def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
-        from kvserve.engine.kernels.triton_w4a16 import w4a16_matmul
-
-        buffers = (layer.get_buffer(n) for n in ("qweight", "scales_t", "zeros_t", "g_index"))
-        return w4a16_matmul(x, *buffers, layer.bias)
+        assert self.matmul is not None  # the Triton path's, set once the weights loaded
+        qweight, scales, zeros = (layer.get_buffer(n) for n in ("qweight", "scales_t", "zeros_t"))
+        return self.matmul(x, qweight, scales, zeros, layer.get_buffer("g_index"), layer.bias)
