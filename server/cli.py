@@ -94,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         if args.enable_auto_tool_choice and args.tool_call_parser is None:
             parser.error("--enable-auto-tool-choice requires --tool-call-parser")
+        if args.collect_detailed_traces and args.otlp_traces_endpoint is None:
+            parser.error("--collect-detailed-traces requires --otlp-traces-endpoint")
         from kvserve.server.serve import serve
 
         return serve(args)

@@ -7,6 +7,7 @@ import gc
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -20,6 +21,9 @@ from kvserve.server.drain import DrainState
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.metrics_info import cache_config_labels
 from kvserve.server.state import ServerState
+
+if TYPE_CHECKING:
+    from kvserve.server.tracing import RequestTracer
 
 log = logging.getLogger("kvserve.server")
 DEFAULT_MODEL_NAME = "kvserve-demo"
@@ -65,10 +69,17 @@ def serve(args: argparse.Namespace) -> int:
         plan.max_model_len,
     )
     name = args.served_model_name or (args.model if args.model else DEFAULT_MODEL_NAME)
-    return asyncio.run(_serve(args, engine, name))
+    try:
+        tracer = _tracer(args)
+    except ValueError as exc:
+        log.error("cannot trace requests: %s", exc)
+        return 2
+    return asyncio.run(_serve(args, engine, name, tracer))
 
 
-async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
+async def _serve(
+    args: argparse.Namespace, engine: LLMEngine, name: str, tracer: "RequestTracer | None"
+) -> int:
     metrics = ServerMetrics(name)
     metrics.describe_engine(cache_config_labels(engine), engine.startup)
     llm = AsyncLLM(engine, metrics)
@@ -84,6 +95,7 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
         max_waiting_requests=args.max_waiting_requests,
         body_timeout=args.request_body_timeout,
         auto_tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
+        tracer=tracer,
     )
     runner = web.AppRunner(
         build_app(state),
@@ -100,11 +112,24 @@ async def _serve(args: argparse.Namespace, engine: LLMEngine, name: str) -> int:
         died = await _serve_until_stopped(args, name, drain, metrics, llm)
         await runner.cleanup()
         llm.shutdown()
+        if state.tracer is not None:
+            state.tracer.shutdown()
     if died:
         log.critical("exiting: the engine died (%s)", llm.error)
         return 1
     log.info("stopped")
     return 0
+
+
+def _tracer(args: argparse.Namespace) -> "RequestTracer | None":
+    """With ``--otlp-traces-endpoint`` only: the SDK is imported here, never when it is off."""
+    if args.otlp_traces_endpoint is None:
+        return None
+    from kvserve.server.tracing import RequestTracer, span_exporter
+
+    log.info("tracing requests to %s", args.otlp_traces_endpoint)
+    exporter = span_exporter(args.otlp_traces_endpoint)
+    return RequestTracer(exporter, detailed=args.collect_detailed_traces is not None)
 
 
 async def _serve_until_stopped(

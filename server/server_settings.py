@@ -7,6 +7,10 @@ from kvserve.engine.config import EngineConfig
 from kvserve.engine.settings import Crd, Declared, declared, setting
 from kvserve.server.tool_parsers import TOOL_PARSERS
 
+DETAILED_TRACES = ("all", "model", "worker")
+"""vLLM's values of ``--collect-detailed-traces``; kvserve has one level of detail (the phase
+spans of ``server/tracing.py``), which each of them turns on."""
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -31,6 +35,17 @@ class ServerSettings:
         choices=tuple(sorted(TOOL_PARSERS)),
         help="tool-call format",
         crd=Crd(with_flags=("--enable-auto-tool-choice",)),
+    )
+    otlp_traces_endpoint: str | None = setting(
+        None,
+        help="send one OpenTelemetry span per request to this OTLP collector (gRPC, or HTTP "
+        "with OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); unset: no tracing",
+    )
+    collect_detailed_traces: str | None = setting(
+        None,
+        choices=DETAILED_TRACES,
+        help="add each traced request's queue, prefill and decode spans "
+        "(needs --otlp-traces-endpoint)",
     )
 
 

@@ -4,6 +4,7 @@ admission and the settings, and the key of each HTTP request's id."""
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -11,6 +12,9 @@ from kvserve.engine.async_llm import AsyncLLM
 from kvserve.server.admission import Admission
 from kvserve.server.drain import DrainState
 from kvserve.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:  # the tracer's module imports the OpenTelemetry SDK: only serve loads it
+    from kvserve.server.tracing import RequestTracer
 
 REQUEST_ID = web.RequestKey("request_id", str)
 """The request's id: the client's X-Request-Id, or a fresh one (set by the app's middleware)."""
@@ -27,6 +31,7 @@ class ServerState:
     max_waiting_requests: int | None = None
     body_timeout: float = 30.0  # seconds a request body may take to arrive
     auto_tool_parser: str | None = None  # for tool_choice "auto": --tool-call-parser, if enabled
+    tracer: "RequestTracer | None" = None  # with --otlp-traces-endpoint only
     created: int = field(default_factory=lambda: int(time.time()))
     _ids: itertools.count = field(default_factory=itertools.count)
     admission: Admission = field(init=False)

@@ -50,6 +50,8 @@ async def respond(reply: Reply) -> web.StreamResponse:
             if not all(choice.finished for choice in reply.choices[p * n : p * n + n]):
                 reply.state.llm.abort(request_id)
         reply.fan.reservation.close()
+        if reply.state.tracer is not None:
+            reply.state.tracer.record(reply)
 
 
 async def _send(reply: Reply) -> web.StreamResponse:
