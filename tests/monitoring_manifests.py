@@ -67,12 +67,13 @@ def helm() -> Path:
     return CACHE / "tools" / "helm"
 
 
-def render_chart(tmp_path: Path, *values: str) -> list[dict[str, Any]]:
-    """``helm template`` of the operator chart on a cluster that serves PrometheusRules."""
+def render_chart(tmp_path: Path, *values: str, rule_api: bool = True) -> list[dict[str, Any]]:
+    """``helm template`` of the operator chart, on a cluster that serves PrometheusRules
+    unless ``rule_api`` is false."""
     env = {**os.environ, **{k: str(tmp_path / k) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME")}}
     out = subprocess.run(
         [str(helm()), "template", "demo", str(CHART), "--namespace", "kvs",
-         "--api-versions", RULE_API, *values],
+         *(["--api-versions", RULE_API] if rule_api else []), *values],
         env={**env, "HELM_DATA_HOME": str(tmp_path / "HELM_DATA_HOME")},
         capture_output=True, text=True,
     )  # fmt: skip
