@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: setup serve test lint typecheck k8s e2e bench
+.PHONY: setup serve test lint typecheck k8s prometheus e2e bench
 setup: $(VENV)/.installed
 
 serve: setup
@@ -41,10 +41,14 @@ ifneq ($(KVSERVE_SKIP_K8S),1)
 	PYTHON=$(PY) scripts/kube-control-plane.sh build
 endif
 
+# Debian's Prometheus and promtool, for the dashboard and alert tests (about 20 s, once).
+prometheus:
+	KVSERVE_APT_LOCK_WAIT=$${KVSERVE_APT_LOCK_WAIT:-300} scripts/apt-install.sh prometheus
+
 # `make test` runs the e2e scenarios too (tests/e2e, root only): their fixture builds the image
 # (scripts/build-image.sh, cached), starts a real node (scripts/kube-node.sh), runs every scenario
 # and stops the node. KVSERVE_SKIP_E2E=1 skips them explicitly (KVSERVE_SKIP_K8S=1 as well).
-test: lint k8s
+test: lint k8s prometheus
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 # The e2e scenarios alone, each one's wall time printed. e2e/run.sh runs them on any cluster.

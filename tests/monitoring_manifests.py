@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from k8s.support import CACHE, HARNESS, ROOT
 
 CHART = ROOT / "charts" / "kvserve-operator"
@@ -63,7 +62,8 @@ def variable_queries() -> dict[str, tuple[str, str]]:
 
 def helm() -> Path:
     """helm 4, fetched once into the k8s tests' cache by their harness script."""
-    subprocess.run([str(HARNESS), "tools"], env={**os.environ, "PYTHON": sys.executable}, check=True)
+    env = {**os.environ, "PYTHON": sys.executable}
+    subprocess.run([str(HARNESS), "tools"], env=env, check=True)
     return CACHE / "tools" / "helm"
 
 

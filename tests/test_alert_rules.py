@@ -18,6 +18,7 @@ from monitoring_manifests import (
 from prometheus_server import PROMTOOL
 
 ML = 'namespace="ml", model_name="m"'
+N = 'namespace="ml", model_name="n"'
 
 
 def series(name: str, labels: str, values: str) -> dict:
@@ -53,13 +54,21 @@ UNIT_TESTS = [
         ],
         [
             (
-                {"severity": "critical", "job": "ml/m", "container": "server",
-                 "namespace": "ml", "pod": "m-0"},
-                notes("KvserveEngineDead", "kvserve pod ml/m-0 stopped answering after it served",
-                      DEAD),
+                {
+                    "severity": "critical",
+                    "job": "ml/m",
+                    "container": "server",
+                    "namespace": "ml",
+                    "pod": "m-0",
+                },
+                notes(
+                    "KvserveEngineDead",
+                    "kvserve pod ml/m-0 stopped answering after it served",
+                    DEAD,
+                ),
             )
         ],
-    ),  # fmt: skip
+    ),
     case("KvserveEngineDead", "5m", [{"series": UP, "values": "1x5 0x10"}], []),
     # m grows by 2 a minute; n holds 50: only m grows, and past 10 waiting.
     case(
@@ -67,16 +76,19 @@ UNIT_TESTS = [
         "25m",
         [
             series("vllm:num_requests_waiting", f'{ML}, pod="m-0"', "0+2x30"),
-            series("vllm:num_requests_waiting", 'namespace="ml", model_name="n", pod="n-0"', "50x30"),
+            series("vllm:num_requests_waiting", N + ', pod="n-0"', "50x30"),
         ],
         [
             (
                 {"severity": "warning", "namespace": "ml", "model_name": "m"},
-                notes("KvserveQueueGrowing", "ml/m: the waiting queue keeps growing",
-                      "Requests arrive faster than the replicas serve them."),
+                notes(
+                    "KvserveQueueGrowing",
+                    "ml/m: the waiting queue keeps growing",
+                    "Requests arrive faster than the replicas serve them.",
+                ),
             )
         ],
-    ),  # fmt: skip
+    ),
     # m-0 stays at 97 %, m-1 at 50 %: only m-0 is saturated.
     case(
         "KvserveKVCacheSaturated",
@@ -88,11 +100,14 @@ UNIT_TESTS = [
         [
             (
                 {"severity": "warning", "namespace": "ml", "model_name": "m", "pod": "m-0"},
-                notes("KvserveKVCacheSaturated", "ml/m-0: KV cache at least 0.95 full for 10m",
-                      "New requests wait for blocks and running ones get preempted."),
+                notes(
+                    "KvserveKVCacheSaturated",
+                    "ml/m-0: KV cache at least 0.95 full for 10m",
+                    "New requests wait for blocks and running ones get preempted.",
+                ),
             )
         ],
-    ),  # fmt: skip
+    ),
     # m: 1 request a minute under 1 s, 9 between 1 s and 10 s (p99 9.9 s); n: all under 1 s.
     case(
         "KvserveTTFTHigh",
@@ -101,19 +116,20 @@ UNIT_TESTS = [
             series("vllm:time_to_first_token_seconds_bucket", f'{ML}, le="1"', "0+1x30"),
             series("vllm:time_to_first_token_seconds_bucket", f'{ML}, le="10"', "0+10x30"),
             series("vllm:time_to_first_token_seconds_bucket", f'{ML}, le="+Inf"', "0+10x30"),
-            series("vllm:time_to_first_token_seconds_bucket",
-                   'namespace="ml", model_name="n", le="1"', "0+10x30"),
-            series("vllm:time_to_first_token_seconds_bucket",
-                   'namespace="ml", model_name="n", le="+Inf"', "0+10x30"),
+            series("vllm:time_to_first_token_seconds_bucket", f'{N}, le="1"', "0+10x30"),
+            series("vllm:time_to_first_token_seconds_bucket", f'{N}, le="+Inf"', "0+10x30"),
         ],
         [
             (
                 {"severity": "warning", "namespace": "ml", "model_name": "m"},
-                notes("KvserveTTFTHigh", "ml/m: time to first token p99 9.9s over 5s",
-                      "Requests queue or prefills are slow."),
+                notes(
+                    "KvserveTTFTHigh",
+                    "ml/m: time to first token p99 9.9s over 5s",
+                    "Requests queue or prefills are slow.",
+                ),
             )
         ],
-    ),  # fmt: skip
+    ),
     # m-2 never answered a scrape; m-3 drains for good; m-4 served and is now unreachable
     # (KvserveEngineDead's, not this one's); m-5 is ready.
     case(
@@ -131,22 +147,30 @@ UNIT_TESTS = [
         [
             (
                 {"severity": "warning", "container": "server", "namespace": "ml", "pod": "m-2"},
-                notes("KvservePodNotReady", "kvserve pod ml/m-2 not Ready for 15m",
-                      "It never finished loading its model, or it stays draining."),
+                notes(
+                    "KvservePodNotReady",
+                    "kvserve pod ml/m-2 not Ready for 15m",
+                    "It never finished loading its model, or it stays draining.",
+                ),
             ),
             (
                 {"severity": "warning", "namespace": "ml", "model_name": "m", "pod": "m-3"},
-                notes("KvservePodNotReady", "kvserve pod ml/m-3 not Ready for 15m",
-                      "It never finished loading its model, or it stays draining."),
+                notes(
+                    "KvservePodNotReady",
+                    "kvserve pod ml/m-3 not Ready for 15m",
+                    "It never finished loading its model, or it stays draining.",
+                ),
             ),
         ],
-    ),  # fmt: skip
+    ),
 ]
 
 
 def test_the_default_rules_pass_promtool_check(tmp_path):
     rule_file = write_rule_file(tmp_path / "kvserve.rules.yaml", alert_rules(tmp_path))
-    done = subprocess.run([PROMTOOL, "check", "rules", str(rule_file)], capture_output=True, text=True)
+    done = subprocess.run(
+        [PROMTOOL, "check", "rules", str(rule_file)], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 5 rules found" in done.stdout
 

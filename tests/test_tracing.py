@@ -154,3 +154,17 @@ def test_detailed_traces_need_an_endpoint():
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--collect-detailed-traces", "all"])
     assert exit_info.value.code == 2
+
+
+def test_the_exporter_protocol_is_vllms_rule(monkeypatch):
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPC
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTP
+
+    from kvserve.server.tracing import span_exporter
+
+    assert isinstance(span_exporter("http://127.0.0.1:4317"), GRPC)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
+    assert isinstance(span_exporter("http://127.0.0.1:4318/v1/traces"), HTTP)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+    with pytest.raises(ValueError, match="grpc or http/protobuf"):
+        span_exporter("http://127.0.0.1:4318")
