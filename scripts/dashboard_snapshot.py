@@ -136,6 +136,7 @@ def _bars(ax, prometheus, panel, start: float, end: float, unit: str) -> None:
     values, suffix = scaled(unit, [float(s["values"][-1][1]) for s in series])
     ax.barh(names, values, color="#73bf69", edgecolor="none")
     ax.set_xlabel(suffix, color=TEXT, fontsize=7)
+    ax.set_axisbelow(True)
     ax.grid(color=GRID, linewidth=0.5, axis="x")
 
 

@@ -133,7 +133,7 @@ class RequestTracer:
 
     def record(self, reply: Reply) -> None:
         """One span per engine request of ``reply`` that got any output from the engine."""
-        parent = self._propagator.extract(dict(reply.request.headers))
+        parent = self._propagator.extract(reply.request.headers)  # case-insensitive keys
         n = reply.fan.n
         for p, request_id in enumerate(reply.fan.request_ids):
             samples = reply.choices[p * n : p * n + n]
