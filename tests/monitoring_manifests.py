@@ -1,6 +1,7 @@
 """The chart's monitoring pieces as the tests read them: the dashboard's queries and the metric
 names in them, and the alert rules as ``helm template`` renders them."""
 
+import functools
 import json
 import os
 import re
@@ -60,6 +61,7 @@ def variable_queries() -> dict[str, tuple[str, str]]:
     return {name: (m[1], m[2]) for name, m in found.items() if m is not None}
 
 
+@functools.cache
 def helm() -> Path:
     """helm 4, fetched once into the k8s tests' cache by their harness script."""
     env = {**os.environ, "PYTHON": sys.executable}
