@@ -12,6 +12,14 @@ DETAILED_TRACES = ("all", "model", "worker")
 spans of ``server/tracing.py``), which each of them turns on."""
 
 
+def detailed_traces(text: str) -> str:
+    """``--collect-detailed-traces`` as vLLM takes it: a comma-separated list of its values."""
+    unknown = [part for part in text.split(",") if part not in DETAILED_TRACES]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not one of {', '.join(DETAILED_TRACES)}")
+    return text
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     served_model_name: str | None = setting(None, help="name clients use (default: --model)")
@@ -43,7 +51,8 @@ class ServerSettings:
     )
     collect_detailed_traces: str | None = setting(
         None,
-        choices=DETAILED_TRACES,
+        parse=detailed_traces,
+        metavar="{all,model,worker}[,...]",
         help="add each traced request's queue, prefill and decode spans "
         "(needs --otlp-traces-endpoint)",
     )

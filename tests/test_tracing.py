@@ -10,7 +10,7 @@ from itertools import pairwise
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from kvserve.server.cli import main
+from kvserve.server.cli import build_parser, main
 
 from otlp_receiver import OTLPReceiver, attributes
 from server_process import ServerProcess
@@ -150,10 +150,17 @@ def test_the_request_path_never_imports_the_sdk():
     assert done.stdout.strip() == "[]"
 
 
-def test_detailed_traces_need_an_endpoint():
+def test_detailed_traces_take_vllms_list_and_need_an_endpoint(capsys):
+    args = build_parser().parse_args(["serve", "--collect-detailed-traces", "model,worker"])
+    assert args.collect_detailed_traces == "model,worker"
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["serve", "--collect-detailed-traces", "model,gpu"])
+    assert exit_info.value.code == 2
+    assert "gpu: not one of all, model, worker" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--collect-detailed-traces", "all"])
     assert exit_info.value.code == 2
+    assert "requires --otlp-traces-endpoint" in capsys.readouterr().err
 
 
 def test_the_exporter_protocol_is_vllms_rule(monkeypatch):
