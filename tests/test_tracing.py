@@ -62,7 +62,7 @@ def test_a_request_is_one_llm_request_span_under_the_callers_traceparent(
 ):
     args = ("--otlp-traces-endpoint", receiver.endpoint)
     with ServerProcess(checkpoint("llama"), *args, log=tmp_path / "server.log") as server:
-        headers = {"traceparent": TRACEPARENT, "X-Request-Id": "trace-1"}
+        headers = {"traceparent": TRACEPARENT, "tracestate": "gw=1", "X-Request-Id": "trace-1"}
         body = completion(
             server, headers, max_tokens=5, n=2, temperature=0.5, top_p=0.9, ignore_eos=True
         )
@@ -71,6 +71,7 @@ def test_a_request_is_one_llm_request_span_under_the_callers_traceparent(
     assert span.kind == Span.SPAN_KIND_SERVER
     assert span.trace_id.hex() == TRACE_ID
     assert span.parent_span_id.hex() == PARENT_ID
+    assert span.trace_state == "gw=1"
     assert receiver.scopes == ["kvserve.server"]
     assert receiver.resources[0]["service.name"] == "kvserve"
     found = attributes(span)
