@@ -20,7 +20,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
+from opentelemetry.context import Context
 from opentelemetry.sdk.environment_variables import OTEL_EXPORTER_OTLP_TRACES_PROTOCOL
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -30,6 +32,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from kvserve.engine.core.outputs import RequestOutput
 from kvserve.server.protocol.chat import ChatCompletionRequest
+from kvserve.server.responses import Choice
 from kvserve.server.streaming import Reply
 
 SPAN_NAME = "llm_request"
@@ -135,32 +138,25 @@ class RequestTracer:
         """One span per engine request of ``reply`` that got any output from the engine."""
         parent = self._propagator.extract(reply.request.headers)  # case-insensitive keys
         n = reply.fan.n
-        for p, request_id in enumerate(reply.fan.request_ids):
+        for p in range(len(reply.fan.request_ids)):
             samples = reply.choices[p * n : p * n + n]
             outputs = [c.latest for c in samples if c.latest is not None]
-            if not outputs:
-                continue
-            reasons = [c.latest.outputs[0].finish_reason if c.latest else None for c in samples]
-            timeline = Timeline.of(outputs)
-            attributes = self._attributes(reply, request_id, p, outputs, timeline)
-            attributes[SpanAttributes.GEN_AI_RESPONSE_FINISH_REASONS] = [
-                reason or "abort" for reason in reasons
-            ]
-            self._send(parent, attributes, timeline)
+            if outputs:
+                timeline = Timeline.of(outputs)
+                self._send(parent, self._attributes(reply, p, samples, timeline), timeline)
 
     def _attributes(
-        self,
-        reply: Reply,
-        request_id: str,
-        prompt: int,
-        outputs: list[RequestOutput],
-        timeline: Timeline,
-    ) -> dict:
+        self, reply: Reply, prompt: int, samples: list[Choice], timeline: Timeline
+    ) -> dict[str, Any]:
+        """vLLM's attributes of prompt ``prompt``'s engine request (those it has), and the
+        finish reason of each of its ``samples`` (``abort``: cut before it finished)."""
+        outputs = [c.latest for c in samples if c.latest is not None]
+        reasons = [c.latest.outputs[0].finish_reason if c.latest else None for c in samples]
         body, a = reply.body, SpanAttributes
         t = timeline
         attributes = {
             a.GEN_AI_RESPONSE_MODEL: reply.state.model_name,
-            a.GEN_AI_REQUEST_ID: request_id,
+            a.GEN_AI_REQUEST_ID: reply.fan.request_ids[prompt],
             a.GEN_AI_REQUEST_N: reply.fan.n,
             a.GEN_AI_USAGE_PROMPT_TOKENS: reply.prompt_lens[prompt],
             a.GEN_AI_USAGE_COMPLETION_TOKENS: sum(o.outputs[0].num_output_tokens for o in outputs),
@@ -175,10 +171,11 @@ class RequestTracer:
             a.GEN_AI_REQUEST_MAX_TOKENS: (
                 body.max_new_tokens if isinstance(body, ChatCompletionRequest) else body.max_tokens
             ),
+            a.GEN_AI_RESPONSE_FINISH_REASONS: [reason or "abort" for reason in reasons],
         }
         return {key: value for key, value in attributes.items() if value is not None}
 
-    def _send(self, parent, attributes: Mapping, timeline: Timeline) -> None:
+    def _send(self, parent: Context, attributes: Mapping[str, Any], timeline: Timeline) -> None:
         span = self._tracer.start_span(
             SPAN_NAME,
             context=parent,
