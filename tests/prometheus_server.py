@@ -4,9 +4,9 @@ alert tests."""
 
 import json
 import shutil
-import socket
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from server_process import _free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -26,12 +28,6 @@ class Target:
 
     address: str
     labels: dict[str, str] = field(default_factory=dict)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PrometheusProcess:

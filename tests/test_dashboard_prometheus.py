@@ -3,7 +3,6 @@ real ``kvserve serve`` through a short, bounded load: every query evaluates, ret
 and reads only metric names the server exports; every alert fires on its live signal."""
 
 import math
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from monitoring_manifests import (
     write_rule_file,
 )
 from prometheus_server import PrometheusProcess, Target
-from server_process import ServerProcess
+from server_process import ServerProcess, _free_port
 
 NAMESPACE, MODEL, POD, LOADING_POD = "kvs", "tiny", "tiny-0", "tiny-1"
 VARIABLES = {
@@ -51,12 +50,6 @@ class Observed:
     killed: float  # the server killed and its failed scrape stored
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def load(server: ServerProcess) -> None:
     """NUM_REQUESTS requests, one every STAGGER_S, on one sequence slot: the queue grows."""
 
@@ -82,7 +75,7 @@ def observed(checkpoint, tmp_path_factory):
         pod = {"namespace": NAMESPACE, "container": "server"}
         targets = [
             Target(f"127.0.0.1:{server.port}", {**pod, "pod": POD}),
-            Target(f"127.0.0.1:{_closed_port()}", {**pod, "pod": LOADING_POD}),  # not up yet
+            Target(f"127.0.0.1:{_free_port()}", {**pod, "pod": LOADING_POD}),  # nothing listens yet
         ]
         with PrometheusProcess(work, targets, [rule_file]) as prometheus:
             start = prometheus.wait_for_scrape()
