@@ -12,8 +12,8 @@ The kubelet copies ``/dev/termination-log`` (at most 4096 bytes) into the contai
 ``state.terminated.message``, which the ``ModelLoaded`` condition quotes. The line names the
 repository, the endpoint and the innermost exception of the error's chain, where the cause is
 (huggingface_hub wraps it: a name that does not resolve comes as ``LocalEntryNotFoundError``),
-e.g. ``cannot download org/name from http://hub.invalid: gaierror: [Errno -3] Temporary
-failure in name resolution (raised as LocalEntryNotFoundError)``. The whole traceback still
+e.g. ``cannot download org/name from http://hub.invalid: [Errno -3] Temporary failure in name
+resolution (raised as LocalEntryNotFoundError)``. The whole traceback still
 goes to the log.
 """
 
@@ -41,14 +41,19 @@ def innermost(error: BaseException) -> BaseException:
 
 
 def failure_line(repo_id: str, revision: str, endpoint: str, error: BaseException) -> str:
-    """One line: what could not be downloaded from where, the cause's type and first line, and
-    the type huggingface_hub raised it as (``RevisionNotFoundError``, ``GatedRepoError``, ...)."""
+    """One line: what could not be downloaded from where, the cause's first line, and the type
+    huggingface_hub raised it as (``RevisionNotFoundError``, ``GatedRepoError``, ...).
+
+    The cause's type comes first unless its message is an errno's (``[Errno -3] Temporary
+    failure in name resolution``), which names itself: which class carries it (``gaierror``,
+    or the HTTP library's ``ConnectError`` when it does not chain the socket's error) varies
+    with the failure and the library's version, not with the cause."""
     cause = innermost(error)
     text = next((line.strip() for line in str(cause).splitlines() if line.strip()), "")
     what = f"{repo_id}@{revision}" if revision else repo_id
-    line = f"cannot download {what} from {endpoint}: {type(cause).__name__}"
-    if text:
-        line += f": {text}"
+    if not text.startswith("[Errno "):
+        text = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+    line = f"cannot download {what} from {endpoint}: {text}"
     if cause is not error:
         line += f" (raised as {type(error).__name__})"
     return line[:MAX_CHARS]

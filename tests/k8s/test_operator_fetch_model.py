@@ -5,6 +5,7 @@ inside a pod on the real node.
 """
 
 import http.server
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,7 +66,7 @@ def test_the_cause_is_the_innermost_error_of_the_chain() -> None:
     wrapped = _raised(RuntimeError("download failed\nsee above"), _raised(full))
     assert innermost(wrapped) is full
     assert failure_line("org/name", "", "http://hub", wrapped) == (
-        "cannot download org/name from http://hub: OSError: [Errno 28] No space left on device "
+        "cannot download org/name from http://hub: [Errno 28] No space left on device "
         "(raised as RuntimeError)"
     )
 
@@ -81,6 +82,28 @@ def test_a_suppressed_context_is_not_the_cause() -> None:
     assert innermost(error) is error
     assert failure_line("org/name", "main", "http://hub", error) == (
         "cannot download org/name@main from http://hub: ValueError: bad answer"
+    )
+
+
+def test_an_errno_names_itself_whichever_class_carries_it() -> None:
+    class ConnectError(Exception):
+        pass
+
+    resolving = "[Errno -3] Temporary failure in name resolution"
+    for cause in (
+        socket.gaierror(-3, "Temporary failure in name resolution"),
+        ConnectError(resolving),
+    ):
+        assert failure_line(
+            "org/name", "", "http://hub.invalid", _raised(LookupError(), cause)
+        ) == (
+            f"cannot download org/name from http://hub.invalid: {resolving} (raised as LookupError)"
+        )
+
+
+def test_a_cause_without_a_message_is_its_type() -> None:
+    assert failure_line("org/name", "", "http://hub", TimeoutError()) == (
+        "cannot download org/name from http://hub: TimeoutError"
     )
 
 

@@ -112,7 +112,7 @@ def test_a_failed_download_quotes_the_line_naming_its_cause() -> None:
     """The message is what fetch_model writes to the termination log (test_operator_fetch_model
     checks the line; tests/e2e sees the kubelet carry it)."""
     line = (
-        "cannot download org/name from http://hub.invalid: gaierror: [Errno -3] Temporary "
+        "cannot download org/name from http://hub.invalid: [Errno -3] Temporary "
         "failure in name resolution (raised as LocalEntryNotFoundError)\n"
     )
     failed = crashed(1, "Error", line, restarts=2)
@@ -121,8 +121,8 @@ def test_a_failed_download_quotes_the_line_naming_its_cause() -> None:
         False,
         "DownloadFailed",
         "1/1 pods failed to load; demo-a: container fetch-model exited with code 1 (Error), "
-        "restarted 2 times: cannot download org/name from http://hub.invalid: gaierror: "
-        "[Errno -3] Temporary failure in name resolution (raised as LocalEntryNotFoundError)",
+        "restarted 2 times: cannot download org/name from http://hub.invalid: [Errno -3] "
+        "Temporary failure in name resolution (raised as LocalEntryNotFoundError)",
     )
 
 
