@@ -94,9 +94,8 @@ def test_an_errno_names_itself_whichever_class_carries_it() -> None:
         socket.gaierror(-3, "Temporary failure in name resolution"),
         ConnectError(resolving),
     ):
-        assert failure_line(
-            "org/name", "", "http://hub.invalid", _raised(LookupError(), cause)
-        ) == (
+        error = _raised(LookupError(), cause)
+        assert failure_line("org/name", "", "http://hub.invalid", error) == (
             f"cannot download org/name from http://hub.invalid: {resolving} (raised as LookupError)"
         )
 
