@@ -342,7 +342,10 @@ def failed_download_says_why(ctx: Context) -> str:
     assert table == [HEADER, [fetch.name, f"hf://{REPO}", "1", "0", "Progressing"]], table
     fetch.kubectl("delete", "llmd", fetch.name, "--wait=true", "--timeout=180s")
     wait_for(lambda: not fetch.pods(), f"the pods of {fetch.name} gone", 180)
-    return f"ModelLoaded False (DownloadFailed): {loaded['message']}; one Warning Event"
+    return (
+        f"ModelLoaded False (DownloadFailed): {loaded['message']}; one Warning Event; "
+        f"kubectl get llmd: {' '.join(table[1])}"
+    )
 
 
 def scale_to_two(ctx: Context) -> str:

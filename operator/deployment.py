@@ -17,7 +17,8 @@ Design rules, each visible in the rendered pod:
   message (``fetch_model``), a server that exits on an error its log's tail; the
   ``ModelLoaded`` condition quotes either. Both containers fall back to their log's tail when
   they die without writing one (killed, or failing before the program runs).
-- ``spec.env`` reaches the download too (``HF_ENDPOINT``, proxies), after the variables it sets.
+- ``spec.env`` reaches the download too (``HF_ENDPOINT``, proxies); an entry of it replaces
+  ours of the same name in either container.
 """
 
 import json

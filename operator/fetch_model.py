@@ -13,8 +13,7 @@ The kubelet copies ``/dev/termination-log`` (at most 4096 bytes) into the contai
 repository, the endpoint and the innermost exception of the error's chain, where the cause is
 (huggingface_hub wraps it: a name that does not resolve comes as ``LocalEntryNotFoundError``),
 e.g. ``cannot download org/name from http://hub.invalid: [Errno -3] Temporary failure in name
-resolution (raised as LocalEntryNotFoundError)``. The whole traceback still
-goes to the log.
+resolution (raised as LocalEntryNotFoundError)``. The whole traceback still goes to the log.
 """
 
 import sys
