@@ -34,7 +34,7 @@ INDEX_POINTERS = {
 
 
 def report(kernel: str, dtype: str, constants: dict, num_warps: int) -> dict[str, int]:
-    """Tensors in ``dtype``, int32 strides and sizes, fp32 scale and eps."""
+    """Tensors in ``dtype``, int32 strides and sizes, fp32 scales and eps."""
     fn = getattr(triton_attention, kernel, None) or getattr(triton_fused, kernel)
     signature = {}
     for name in fn.arg_names:
@@ -43,7 +43,7 @@ def report(kernel: str, dtype: str, constants: dict, num_warps: int) -> dict[str
         elif name.endswith("_ptr"):
             signature[name] = INDEX_POINTERS.get(name, f"*{dtype}")
         else:
-            signature[name] = "fp32" if name in ("scale", "eps") else "i32"
+            signature[name] = "fp32" if name == "eps" or name.endswith("scale") else "i32"
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
         source = ASTSource(fn, signature, constexprs=constants)

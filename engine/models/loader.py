@@ -25,6 +25,12 @@ _FUSED: dict[str, tuple[str, str | int]] = {
     "mlp.gate_proj": ("mlp.gate_up_proj", 0),
     "mlp.up_proj": ("mlp.gate_up_proj", 1),
 }
+# An FP8 KV cache's per-tensor scales as ModelOpt and older exports name them (compressed-
+# tensors writes self_attn.k_scale / v_scale, our own names).
+_KV_SCALES = {
+    "self_attn.k_proj.k_scale": "self_attn.k_scale",
+    "self_attn.v_proj.v_scale": "self_attn.v_scale",
+}
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -81,7 +87,11 @@ def load_model(
     if tied:
         model.lm_head.tie(model.embed_tokens)
         loaded["lm_head.weight"] = loaded["embed_tokens.weight"]
-    missing = [n for n, p in params.items() if loaded[n] != getattr(p, "shard_ids", {None})]
+    missing = [
+        n
+        for n, p in params.items()
+        if loaded[n] != getattr(p, "shard_ids", {None}) and not getattr(p, "optional", False)
+    ]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(missing[:5])}")
     model.rotary.build(dtype, device)
@@ -109,6 +119,7 @@ def _target(name: str) -> tuple[str, str | int | None]:
     if match is None:
         return name.removeprefix("model."), None
     layer, rest = match.groups()
+    rest = _KV_SCALES.get(rest, rest)
     module, _, kind = rest.rpartition(".")
     if module in _FUSED:
         target, shard_id = _FUSED[module]
