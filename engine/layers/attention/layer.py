@@ -12,12 +12,7 @@ from kvserve.engine.layers.attention.backend import AttentionBackend
 from kvserve.engine.layers.attention.fp8_kv import KVScales
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.layernorm import RMSNorm
-from kvserve.engine.layers.linear import (
-    QKVParallelLinear,
-    RowParallelLinear,
-    read,
-    set_weight_loader,
-)
+from kvserve.engine.layers.linear import QKVParallelLinear, RowParallelLinear, set_weight_loader
 from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 
@@ -75,7 +70,7 @@ class Attention(nn.Module):
         param.optional = True  # type: ignore[attr-defined]
 
         def load(param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
-            values = read(loaded).float().reshape(-1)
+            values = loaded[...].float().reshape(-1)  # shape [] or [1], as exporters write it
             if values.numel() != 1 or not bool(values[0] > 0) or not values.isfinite().all():
                 raise ValueError(f"a {which}_scale must be one positive number, got {values}")
             with torch.no_grad():
