@@ -51,7 +51,8 @@ class TorchAttention(AttentionBackend):
             kept = slot_mapping >= 0
             key, value, slot_mapping = key[kept], value[kept], slot_mapping[kept]
         if is_fp8(key_cache):  # copied as bytes: torch's CPU index_copy_ takes no e4m3
-            key, value = (quantize(x, s).view(torch.uint8) for x, s in zip((key, value), kv_scales))
+            key = quantize(key, kv_scales.k).view(torch.uint8)
+            value = quantize(value, kv_scales.v).view(torch.uint8)
             key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
         key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
         value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
@@ -124,9 +125,7 @@ class TorchAttention(AttentionBackend):
         return out.squeeze(2)
 
     @staticmethod
-    def _prefill(
-        query, key_cache, value_cache, meta, seq: int, scale: float, kv_scales: KVScales
-    ):
+    def _prefill(query, key_cache, value_cache, meta, seq: int, scale: float, kv_scales: KVScales):
         q_len, seq_len = meta.query_lens_host[seq], meta.seq_lens_host[seq]
         tables = meta.block_tables[seq : seq + 1]
         key = gather_context(key_cache, tables, seq_len, query.dtype, kv_scales.k)
