@@ -4,7 +4,8 @@ assembler's register and spill counts.
     python tests/sm90_compile.py < JOBS.json   → one JSON report per job on stdout
 
 A job is ``{"kernel": name in triton_attention or triton_fused, "dtype": "bf16"|"fp16"|"fp32",
-"constants": {...}, "num_warps": n}``. It runs in a process of its own: Triton must not be in
+"constants": {...}, "num_warps": n}``, and optionally ``"cache_dtype"`` (e.g. ``"fp8e4nv"``: an
+e4m3 KV cache) for the KV cache pointers. It runs in a process of its own: Triton must not be in
 interpreter mode, which the CPU test session turns on.
 """
 
@@ -33,13 +34,18 @@ INDEX_POINTERS = {
 }
 
 
-def report(kernel: str, dtype: str, constants: dict, num_warps: int) -> dict[str, int]:
-    """Tensors in ``dtype``, int32 strides and sizes, fp32 scales and eps."""
+def report(
+    kernel: str, dtype: str, constants: dict, num_warps: int, cache_dtype: str | None = None
+) -> dict[str, int]:
+    """Tensors in ``dtype`` (the KV caches in ``cache_dtype`` if given), int32 strides and
+    sizes, fp32 scales and eps."""
     fn = getattr(triton_attention, kernel, None) or getattr(triton_fused, kernel)
     signature = {}
     for name in fn.arg_names:
         if name in constants:
             signature[name] = "constexpr"
+        elif name in ("key_cache_ptr", "value_cache_ptr") and cache_dtype is not None:
+            signature[name] = f"*{cache_dtype}"
         elif name.endswith("_ptr"):
             signature[name] = INDEX_POINTERS.get(name, f"*{dtype}")
         else:
