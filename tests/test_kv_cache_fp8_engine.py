@@ -1,7 +1,8 @@
 """``--kv-cache-dtype fp8`` through the engine: the cache is e4m3 on every attention backend,
 twice the blocks fit a budget, the plan line and ``vllm:cache_config_info`` say so, the
 model stays within a stated tolerance of transformers, two ranks give one rank's tokens,
-and a checkpoint's k/v scales are the ones the cache is written with.
+and a checkpoint's k/v scales are the ones the cache is written with; a scale or a GPU that
+cannot serve is refused.
 
 The tolerance rule (``LOGPROB_TOLERANCE``): at every position (each prompt token after the
 first, each generated token) the log-probability of its token is within 0.15 of
@@ -204,3 +205,27 @@ def test_checkpoint_scales_are_the_ones_the_cache_is_written_with(checkpoint, tm
         assert not torch.equal(as_bytes, quantize(key, 1.0).view(torch.uint8))
         as_bytes = value_cache.view(torch.uint8).flatten(0, 1)[slots]
         assert torch.equal(as_bytes, quantize(value, scales.v).view(torch.uint8))
+
+
+def test_a_scale_that_is_not_one_positive_number_is_refused(checkpoint, tmp_path):
+    path = tmp_path / "bad"
+    shutil.copytree(checkpoint("llama"), path)
+    weights = load_file(path / "model.safetensors")
+    weights["model.layers.0.self_attn.v_scale"] = torch.tensor(0.0)
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="a v_scale must be one positive number"):
+        LLMEngine(EngineConfig(model=str(path), kv_cache_dtype="fp8", num_kv_blocks=8))
+
+
+@pytest.mark.parametrize(("capability", "refused"), [((8, 0), True), ((8, 9), False)])
+def test_the_triton_kernels_need_a_gpu_with_e4m3(checkpoint, monkeypatch, capability, refused):
+    """Compute capability 8.9 (Ada) and later convert to e4m3; an A100 (8.0) is refused
+    when the plan is made, not when a kernel first compiles."""
+    path = str(checkpoint("llama"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    config = EngineConfig(model=path, device="cuda", kv_cache_dtype="fp8", num_kv_blocks=8)
+    if refused:
+        with pytest.raises(ValueError, match="compute capability 8.9 or newer"):
+            plan_execution(config, ModelConfig.from_dir(path))
+    else:
+        assert plan_execution(config, ModelConfig.from_dir(path)).kv_cache_dtype == FP8
