@@ -225,7 +225,7 @@ def test_the_triton_kernels_need_a_gpu_with_e4m3(checkpoint, monkeypatch, capabi
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     config = EngineConfig(model=path, device="cuda", kv_cache_dtype="fp8", num_kv_blocks=8)
     if refused:
-        with pytest.raises(ValueError, match="compute capability 8.9 or newer"):
+        with pytest.raises(ValueError, match=r"compute capability 8\.9 or newer"):
             plan_execution(config, ModelConfig.from_dir(path))
     else:
         assert plan_execution(config, ModelConfig.from_dir(path)).kv_cache_dtype == FP8
