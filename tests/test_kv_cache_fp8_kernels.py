@@ -118,3 +118,30 @@ def test_torch_path_reads_stored_times_scale():
     assert value_cache.flatten(0, 1)[slot, 0].float().tolist() == list(range(16))
     out = TorchAttention().attend(batch.query, key_cache, value_cache, batch.meta, 1.0, scales)
     assert torch.equal(out.cpu(), value)
+
+
+@pytest.mark.parametrize("backend", [pytest.param(TorchAttention, id="torch"), *BACKENDS])
+def test_a_16_bit_cache_ignores_the_scales(backend, seed):  # noqa: F811
+    """A checkpoint's k/v scales with ``--kv-cache-dtype auto``: the same bits as without."""
+    batch = make_batch(
+        MIXED_QUERY_LENS,
+        MIXED_SEQ_LENS,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=32,
+        dtype=torch.float32,
+        shared=MIXED_SHARED,
+        device=device_of(backend),
+    )
+    caches = [(batch.key_cache.clone(), batch.value_cache.clone()) for _ in range(2)]
+    outputs = []
+    for (key_cache, value_cache), scales in zip(
+        caches, (KVScales(), KVScales(0.05, 4.0)), strict=True
+    ):
+        slots = batch.meta.slot_mapping
+        backend().store_kv(batch.key, batch.value, key_cache, value_cache, slots, scales)
+        outputs.append(
+            backend().attend(batch.query, key_cache, value_cache, batch.meta, 0.2, scales)
+        )
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    assert torch.equal(outputs[0], outputs[1])

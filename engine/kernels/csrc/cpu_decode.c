@@ -9,7 +9,8 @@
  * are float32 or bfloat16 bits (is_bf16); head_dim must be a multiple of 16. With kv_fp8 the
  * caches are e4m3 bytes standing for stored * k_scale (keys) and stored * v_scale (values):
  * k_scale is folded into the softmax scale and v_scale into the output, each block's rows
- * widened to float32 once (decode_pass); bf16_dots does not take them.
+ * widened to float32 once (decode_pass); bf16_dots does not take them. The scales are
+ * ignored without kv_fp8.
  *
  * The work items are (sequence, range of its tokens), every head of whole cache rows: whole
  * contexts when the batch holds enough tokens to keep every thread busy, else each context
@@ -119,7 +120,7 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
                                   seq_lens,   out,          q_stride,    num_seqs,
                                   num_heads,  num_kv_heads, head_dim,    block_size,
                                   table_stride, is_bf16,    bf16_dots,   kv_fp8,
-                                  scale * k_scale, v_scale};
+                                  kv_fp8 ? scale * k_scale : scale, kv_fp8 ? v_scale : 1.0f};
     /* About four items per thread: each context in equal ranges of at most `span` tokens,
      * whole where it is no longer (so a large batch runs one item per sequence). */
     int64_t total = 0;

@@ -11,7 +11,8 @@
  * AVX-512-BF16 only): both products as bf16 dot products (cpu_prefill_isa.h). kv_fp8: the
  * caches are e4m3 bytes standing for stored * k_scale (keys) and stored * v_scale (values),
  * widened to float32 as they are packed, k_scale folded into the softmax scale and v_scale
- * into the outputs' normalisation (not with bf16_dots).
+ * into the outputs' normalisation (not with bf16_dots); without kv_fp8 the scales are
+ * ignored.
  *
  * Two phases on OpenMP threads (torch's, see cpu_decode.c). First every sequence's keys and
  * values are packed once, per kv head, into float32 tiles of KEY_TILE keys (bf16 with
@@ -119,7 +120,8 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
                                    seq_lens,   query_starts, query_lens,   first_tiles,
                                    out,        num_heads,    num_kv_heads, head_dim,
                                    block_size, table_stride, is_bf16,      bf16_dots,
-                                   kv_fp8,     scale * k_scale, v_scale};
+                                   kv_fp8,     kv_fp8 ? scale * k_scale : scale,
+                                   kv_fp8 ? v_scale : 1.0f};
     /* an item's queries and outputs transposed, one tile's scores and their bf16 pairs; first,
      * a tile's values on their way to being transposed */
     const size_t item_floats = (2 * (size_t)head_dim + KEY_TILE + KEY_TILE / 2) * item_rows;

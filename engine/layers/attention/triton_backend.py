@@ -201,12 +201,14 @@ def paged_attention(
 ) -> torch.Tensor:
     """``paged_attention_kernel`` as ``launch`` says, then ``merge_splits_kernel`` if the
     launch splits the keys; the split buffers are fp32, one row per query row and split.
-    An e4m3 cache's key scale goes in folded into ``scale``."""
+    An e4m3 cache's key scale goes in folded into ``scale``; a 16-bit cache ignores
+    ``kv_scales``."""
     _check_caches(key_cache, value_cache)
     if query.stride(-1) != 1 or meta.block_tables.stride(-1) != 1:
         raise ValueError("query and block tables need a unit stride on their last dimension")
     num_tokens, num_heads, head_dim = query.shape
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    fp8 = is_fp8(key_cache)
     splits = launch.num_splits
     split_acc = split_max = split_sum = out  # a one-split launch never touches them
     if splits > 1:
@@ -226,7 +228,7 @@ def paged_attention(
         meta.block_tables,
         meta.query_start_loc,
         meta.seq_lens,
-        scale * kv_scales.k,
+        scale * kv_scales.k if fp8 else scale,
         kv_scales.v,
         query.stride(0),
         query.stride(1),
@@ -236,7 +238,7 @@ def paged_attention(
         key_cache.stride(1),
         key_cache.stride(2),
         meta.block_tables.stride(0),
-        **launch.constants(key_cache.shape[1], query.dtype, key_cache.numel(), is_fp8(key_cache)),
+        **launch.constants(key_cache.shape[1], query.dtype, key_cache.numel(), fp8),
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
