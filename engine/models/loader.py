@@ -60,7 +60,7 @@ def load_model(
     it, then hand every checkpoint tensor, as a safetensors slice, to its parameter's weight
     loader, which reads this rank's shard of it alone; then finish each linear's weights
     (prepacked for the CPU kernels if ``packed``: see ``packed_linear.can_pack``). Fails if
-    a weight is missing or unknown."""
+    a weight is missing (but for an ``optional`` one: an FP8 KV cache's scales) or unknown."""
     path = Path(path)
     with torch.device(device), _default_dtype(dtype):
         model = registry.model_class(cfg.architecture)(cfg, backend, max_positions, tp)

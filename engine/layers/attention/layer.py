@@ -73,9 +73,10 @@ class Attention(nn.Module):
             values = loaded[...].float().reshape(-1)  # shape [] or [1], as exporters write it
             if values.numel() != 1 or not bool(values[0] > 0) or not values.isfinite().all():
                 raise ValueError(f"a {which}_scale must be one positive number, got {values}")
+            value = float(values[0])
             with torch.no_grad():
-                param.fill_(values[0])
-            self.kv_scales = self.kv_scales._replace(**{which: float(values[0])})
+                param.fill_(value)
+            self.kv_scales = self.kv_scales._replace(**{which: value})
 
         set_weight_loader(param, load)
         return param
