@@ -5,19 +5,20 @@ rounded to the nearest e4m3 value (ties to even) after clamping to ±``FP8_MAX``
 reads back ``stored * scale``. The scales are per tensor: one for the keys and one for the
 values of each layer, from the checkpoint where it has them, else 1.0 (as vLLM does). Every
 backend quantizes as ``quantize`` does, multiplying by the reciprocal of the scale (so that
-the C and Triton stores give the same bytes as this one), and folds the scales into the
-attention instead of widening the cache with them: the keys' into the softmax scale, the
-values' into the output.
+the C and Triton stores give the same bytes as this one). The torch path reads ``dequantize``d
+copies; the C and Triton kernels widen e4m3 exactly and fold the scales into the attention
+instead: the keys' into the softmax scale, the values' into the output.
 """
 
 from typing import NamedTuple
 
 import torch
 
+from kvserve.engine.config import KV_CACHE_DTYPES
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 """The largest finite e4m3 value; e4m3fn has no infinities."""
-FP8_NAMES = ("fp8", "fp8_e4m3")
 
 
 class KVScales(NamedTuple):
@@ -33,12 +34,10 @@ UNIT_SCALES = KVScales()
 
 def kv_cache_dtype(setting: str, model_dtype: torch.dtype) -> torch.dtype:
     """The cache's element type for ``--kv-cache-dtype`` ``setting``: the model's for
-    ``auto``, e4m3 for ``fp8`` / ``fp8_e4m3``."""
-    if setting == "auto":
-        return model_dtype
-    if setting in FP8_NAMES:
-        return FP8
-    raise ValueError(f"kv_cache_dtype must be auto or one of {FP8_NAMES}, got {setting!r}")
+    ``auto``, e4m3 for the others (``fp8``, ``fp8_e4m3``)."""
+    if setting not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {setting!r}")
+    return model_dtype if setting == "auto" else FP8
 
 
 def is_fp8(cache: torch.Tensor) -> bool:
