@@ -38,6 +38,8 @@ class ExecutionPlan:
     dtype: torch.dtype
     dtype_note: str
     """Why ``auto`` chose a dtype other than the checkpoint's (empty when it did not)."""
+    weights: str
+    """The linear layers' quantization (``QuantConfig.describe``); empty for 16-bit ones."""
     backend: AttentionBackend
     cuda_graphs: bool
     cpu_graphs: bool
@@ -66,7 +68,9 @@ class ExecutionPlan:
         return (
             f"{self.model} ({self.family}): device {self.device}, "
             f"dtype {str(self.dtype).removeprefix('torch.')}"
-            f"{f' ({self.dtype_note})' if self.dtype_note else ''}, attention {self.backend.name}, "
+            f"{f' ({self.dtype_note})' if self.dtype_note else ''}, "
+            f"{f'weights {self.weights}, ' if self.weights else ''}"
+            f"attention {self.backend.name}, "
             f"cuda graphs {on_off[self.cuda_graphs]}, "
             f"cpu graphs {on_off[self.cpu_graphs]}, "
             f"packed linears {on_off[self.packed_linears]}, "
@@ -104,6 +108,7 @@ def plan_execution(
         device=device,
         dtype=dtype,
         dtype_note=dtype_note,
+        weights=quant.describe() if (quant := model_config.quantization) else "",
         backend=backend,
         cuda_graphs=use_cuda_graphs(device, backend.name, eager),
         cpu_graphs=use_cpu_graphs(device, backend.name, eager),

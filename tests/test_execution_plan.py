@@ -48,6 +48,7 @@ def test_a_tiny_checkpoint_on_the_cpu_gets_an_exact_plan(checkpoint):
         "device": torch.device("cpu"),
         "dtype": torch.float32,  # the checkpoint's
         "dtype_note": "",
+        "weights": "",  # 16-bit: not quantized
         "backend": "torch",
         "cuda_graphs": False,
         "cpu_graphs": False,  # the torch attention path is not the kernels'

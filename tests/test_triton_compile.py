@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvserve.engine.kernels.triton_fp8_gemm import fp8_launch
 from kvserve.engine.kernels.triton_fused import SILU_BLOCK
+from kvserve.engine.kernels.triton_w4a16 import w4a16_launch
 from kvserve.engine.layers.attention.triton_backend import (
     MAX_SPLITS,
     attention_launch,
@@ -29,6 +31,24 @@ FUSED = {  # the elementwise kernels at Llama-3-8B's shapes, as triton_fused lau
     "silu_and_mul_kernel": (dict(BLOCK=SILU_BLOCK), 4),
     "rope_kernel": (dict(Q_HEADS_PAD=32, K_HEADS_PAD=8, HALF=64, HALF_PAD=64), 4),
 }
+# What a launch at 4096 x 4096 sees as multiples of 16: the pointers, sizes and row strides.
+W4A16_ALIGNED = [
+    *("x_ptr", "qweight_ptr", "scales_ptr", "zeros_ptr", "g_idx_ptr", "bias_ptr", "out_ptr"),
+    *("N", "K", "k_span", "stride_xm", "stride_qk", "stride_sg", "stride_om"),
+]
+FP8_ALIGNED = [
+    *("a_ptr", "b_ptr", "a_scale_ptr", "b_scale_ptr", "bias_ptr", "out_ptr"),
+    *("N", "K", "stride_am", "stride_bn", "stride_om"),
+]
+QUANTIZED = {  # the quantized GEMMs as their launches pick tiles at 4096 x 4096: rows, FP8 block
+    "w4a16-decode": (1, None),
+    "w4a16-prefill": (512, None),
+    "fp8-decode": (1, None),
+    "fp8-prefill": (512, None),
+    "fp8-block-decode": (1, (128, 128)),
+    "fp8-block-prefill": (512, (128, 128)),
+    "fp8-block-prefill-fp16-dots": (512, (128, 128)),
+}
 CACHE_ELEMENTS = {"int32": 2**30, "int64": 2**32}  # the offsets each cache size takes
 CASES = [
     (model, dtype, phase, offsets)
@@ -44,6 +64,7 @@ CASES = [
 # An e4m3 KV cache (--kv-cache-dtype fp8) under bf16 activations, as TritonAttention launches
 # it: dots upcast to fp32 (no native operands).
 FP8_CASES = [("llama3-8b", phase) for phase in ("decode", "prefill")]
+FP8_CACHE = {"key_cache_ptr": "*fp8e4nv", "value_cache_ptr": "*fp8e4nv"}
 
 
 def job(model: str, dtype: torch.dtype, phase: str, offsets: str, kv_fp8: bool = False) -> dict:
@@ -58,7 +79,49 @@ def job(model: str, dtype: torch.dtype, phase: str, offsets: str, kv_fp8: bool =
         "dtype": DTYPES[dtype],
         "constants": launch.constants(16, dtype, CACHE_ELEMENTS[offsets], kv_fp8),
         "num_warps": launch.num_warps,
-        "cache_dtype": "fp8e4nv" if kv_fp8 else None,
+        "pointers": FP8_CACHE if kv_fp8 else {},
+    }
+
+
+def quantized_job(name: str) -> dict:
+    m, block = QUANTIZED[name]
+    if name.startswith("w4a16"):
+        launch = w4a16_launch(m, 4096, 4096)
+        return {
+            "kernel": "w4a16_gemm_kernel",
+            "dtype": "bf16",
+            "constants": dict(
+                HAS_BIAS=False,
+                NATIVE_DOTS=True,
+                SPLIT_K=launch.split_k,
+                BLOCK_M=launch.block_m,
+                BLOCK_N=launch.block_n,
+                BLOCK_K=launch.block_k,
+            ),
+            "num_warps": launch.num_warps,
+            "pointers": {"out_ptr": "*fp32"} if launch.split_k > 1 else {},
+            "aligned": W4A16_ALIGNED,
+        }
+    group_n, group_k = (1, 128) if block is None else block
+    launch = fp8_launch(m, group_k)
+    fp8_dots = not name.endswith("fp16-dots")
+    operand = "*fp8e4nv" if fp8_dots else "*u8"
+    return {
+        "kernel": "fp8_gemm_kernel",
+        "dtype": "bf16",
+        "constants": dict(
+            BLOCK_SCALES=block is not None,
+            GROUP_N=group_n,
+            GROUP_K=group_k,
+            FP8_DOTS=fp8_dots,
+            HAS_BIAS=False,
+            BLOCK_M=launch.block_m,
+            BLOCK_N=launch.block_n,
+            BLOCK_K=launch.block_k,
+        ),
+        "num_warps": launch.num_warps,
+        "pointers": {"a_ptr": operand, "b_ptr": operand},
+        "aligned": FP8_ALIGNED,
     }
 
 
@@ -72,7 +135,7 @@ def reports() -> dict:
             "dtype": "bf16",
             "constants": store_kv_constants(16, 8, 128, kv_fp8),
             "num_warps": 4,
-            "cache_dtype": "fp8e4nv" if kv_fp8 else None,
+            "pointers": FP8_CACHE if kv_fp8 else {},
         }
         for kv_fp8 in (False, True)
     ]
@@ -88,6 +151,7 @@ def reports() -> dict:
             "num_warps": 4,
         }
     )
+    jobs += [quantized_job(name) for name in QUANTIZED]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("sm90_compile.py")
     done = subprocess.run(
@@ -99,7 +163,7 @@ def reports() -> dict:
         check=True,
     )
     results = json.loads(done.stdout)
-    names = [*CASES, *FP8_CASES, "store_kv", "store_kv_fp8", *FUSED, "merge_splits"]
+    names = [*CASES, *FP8_CASES, "store_kv", "store_kv_fp8", *FUSED, "merge_splits", *QUANTIZED]
     return dict(zip(names, results, strict=True))
 
 
@@ -126,3 +190,8 @@ def test_merge_splits_fits_in_registers(reports):
 @pytest.mark.parametrize("kernel", FUSED)
 def test_fused_elementwise_kernels_fit_in_registers(reports, kernel):
     assert reports[kernel]["spill_stores"] == reports[kernel]["spill_loads"] == 0, reports[kernel]
+
+
+@pytest.mark.parametrize("gemm", QUANTIZED)
+def test_quantized_gemms_fit_in_registers(reports, gemm):
+    assert reports[gemm]["spill_stores"] == reports[gemm]["spill_loads"] == 0, reports[gemm]

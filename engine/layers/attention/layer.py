@@ -12,7 +12,12 @@ from kvserve.engine.layers.attention.backend import AttentionBackend
 from kvserve.engine.layers.attention.fp8_kv import KVScales
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.layernorm import RMSNorm
-from kvserve.engine.layers.linear import QKVParallelLinear, RowParallelLinear, set_weight_loader
+from kvserve.engine.layers.linear import (
+    LinearMethod,
+    QKVParallelLinear,
+    RowParallelLinear,
+    set_weight_loader,
+)
 from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 
@@ -36,17 +41,20 @@ class Attention(nn.Module):
         rotary: RotaryEmbedding,
         backend: AttentionBackend,
         tp: TensorParallel,
+        qkv_method: LinearMethod | None = None,
+        o_method: LinearMethod | None = None,
     ) -> None:
-        """``qk_norm_eps``: the epsilon of RMSNorms on each q and k head (Qwen3), or None."""
+        """``qk_norm_eps``: the epsilon of RMSNorms on each q and k head (Qwen3), or None;
+        ``*_method``: the projections' weight methods (None: unquantized)."""
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
-            hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp
+            hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp, qkv_method
         )
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         self.o_proj = RowParallelLinear(
-            num_heads * head_dim, hidden_size, o_bias, tp, what="attention output features"
+            num_heads * head_dim, hidden_size, o_bias, tp, o_method, "attention output features"
         )
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:
