@@ -3,13 +3,13 @@ assembler's register and spill counts.
 
     python tests/sm90_compile.py < JOBS.json   → one JSON report per job on stdout
 
-A job is ``{"kernel": name in one of MODULES, "dtype": "bf16"|"fp16"|"fp32", "constants": {...},
-"num_warps": n}``, optionally with ``"pointers": {name: type}`` (pointer types past
-INDEX_POINTERS, e.g. ``"*fp8e4nv"`` for an e4m3 KV cache's) and ``"aligned": [names]``: the arguments a real launch
-sees as multiples of 16 (Triton specializes such ints and 16-byte-aligned pointers; a GEMM
-compiled without it assumes K may be odd, loads one element at a time and spills). It runs in
-a process of its own: Triton must not be in interpreter mode, which the CPU test session
-turns on.
+A job is ``{"kernel": name in one of MODULES, "dtype": "bf16"|"fp16"|"fp32", "constants":
+{...}, "num_warps": n}``, optionally with ``"pointers": {name: type}`` (pointer types past
+INDEX_POINTERS, e.g. ``"*fp8e4nv"`` for an e4m3 KV cache's) and ``"aligned": [names]``: the
+arguments a real launch sees as multiples of 16 (Triton specializes such ints and 16-byte-
+aligned pointers; a GEMM compiled without it assumes K may be odd, loads one element at a time
+and spills). It runs in a process of its own: Triton must not be in interpreter mode, which the
+CPU test session turns on.
 """
 
 import contextlib
