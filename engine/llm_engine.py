@@ -51,7 +51,7 @@ class LLMEngine:
         self.config = config
         self.startup = StartupPhases()
         with self.startup.measure("load"):
-            self.model_config = ModelConfig.from_dir(config.model)
+            self.model_config = ModelConfig.from_dir(config.model, config.quantization)
             self.tokenizer = AutoTokenizer.from_pretrained(config.model)
         plan = plan_execution(config, self.model_config)
         eos = set(self.model_config.eos_token_ids)

@@ -3,9 +3,13 @@ assembler's register and spill counts.
 
     python tests/sm90_compile.py < JOBS.json   → one JSON report per job on stdout
 
-A job is ``{"kernel": name in triton_attention or triton_fused, "dtype": "bf16"|"fp16"|"fp32",
-"constants": {...}, "num_warps": n}``. It runs in a process of its own: Triton must not be in
-interpreter mode, which the CPU test session turns on.
+A job is ``{"kernel": name in one of MODULES, "dtype": "bf16"|"fp16"|"fp32", "constants":
+{...}, "num_warps": n}``, optionally with ``"pointers": {name: type}`` (pointer types past
+INDEX_POINTERS, e.g. ``"*fp8e4nv"`` for an e4m3 KV cache's) and ``"aligned": [names]``: the
+arguments a real launch sees as multiples of 16 (Triton specializes such ints and 16-byte-
+aligned pointers; a GEMM compiled without it assumes K may be odd, loads one element at a time
+and spills). It runs in a process of its own: Triton must not be in interpreter mode, which the
+CPU test session turns on.
 """
 
 import contextlib
@@ -18,9 +22,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kvserve.engine.kernels import triton_attention, triton_fused
+from kvserve.engine.kernels import triton_attention, triton_fp8_gemm, triton_fused, triton_w4a16
 
 HOPPER = GPUTarget("cuda", 90, 32)
+MODULES = (triton_attention, triton_fused, triton_w4a16, triton_fp8_gemm)
 INDEX_POINTERS = {
     "block_tables_ptr": "*i32",
     "query_start_loc_ptr": "*i32",
@@ -30,23 +35,37 @@ INDEX_POINTERS = {
     "split_acc_ptr": "*fp32",
     "split_max_ptr": "*fp32",
     "split_sum_ptr": "*fp32",
+    "qweight_ptr": "*i32",
+    "g_idx_ptr": "*i32",
+    "a_scale_ptr": "*fp32",
+    "b_scale_ptr": "*fp32",
 }
 
 
-def report(kernel: str, dtype: str, constants: dict, num_warps: int) -> dict[str, int]:
-    """Tensors in ``dtype``, int32 strides and sizes, fp32 scale and eps."""
-    fn = getattr(triton_attention, kernel, None) or getattr(triton_fused, kernel)
+def report(
+    kernel: str,
+    dtype: str,
+    constants: dict,
+    num_warps: int,
+    pointers: dict[str, str] | None = None,
+    aligned: tuple[str, ...] = (),
+) -> dict[str, int]:
+    """Tensors in ``dtype`` (``pointers`` name others' types), int32 strides and sizes, fp32
+    scales and eps."""
+    fn = next(getattr(module, kernel) for module in MODULES if hasattr(module, kernel))
+    pointer_types = {**INDEX_POINTERS, **(pointers or {})}
     signature = {}
     for name in fn.arg_names:
         if name in constants:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
-            signature[name] = INDEX_POINTERS.get(name, f"*{dtype}")
+            signature[name] = pointer_types.get(name, f"*{dtype}")
         else:
-            signature[name] = "fp32" if name in ("scale", "eps") else "i32"
+            signature[name] = "fp32" if name == "eps" or name.endswith("scale") else "i32"
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
-        source = ASTSource(fn, signature, constexprs=constants)
+        source = ASTSource(fn, signature, constexprs=constants, attrs=attrs)
         triton.compile(source, target=HOPPER, options=dict(num_warps=num_warps))
     text = log.getvalue()
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)

@@ -34,18 +34,6 @@ def test_unsupported_architecture_names_the_supported_ones():
     )
 
 
-@pytest.mark.parametrize("method", ["fp8", "awq", "compressed-tensors"])
-def test_a_quantized_checkpoint_is_refused_naming_its_method(checkpoint, method):
-    raw = json.loads((checkpoint("llama") / "config.json").read_text())
-    raw["quantization_config"] = {"quant_method": method, "bits": 4}
-    with pytest.raises(ValueError) as err:
-        ModelConfig.from_dict(raw)
-    assert str(err.value) == (
-        f"quantized checkpoints are not supported yet (quantization_config.quant_method "
-        f"{method!r}): serve a 16-bit checkpoint"
-    )
-
-
 def test_sharded_checkpoint_loads_and_matches(tmp_path):
     path = build_checkpoint("qwen2", tmp_path / "sharded", seed=3)
     from transformers import AutoModelForCausalLM

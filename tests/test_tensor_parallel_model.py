@@ -2,28 +2,20 @@
 unsharded model, each rank holding and reading only its shard of the checkpoint; a shape
 that cannot be split fails, naming it."""
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.attention.torch_backend import TorchAttention
-from kvserve.engine.layers.cpu_linear.packed_linear import can_pack
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models import registry
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 
 from checkpoints import build_checkpoint
+from sharded_steps import on_two_ranks, run_steps
 
-BLOCK_SIZE = 4
-MAX_BLOCKS = 8  # per sequence
-PROMPTS = [[5, 9, 33, 70, 12, 8, 400], [100, 200, 300, 510]]
-DECODE_STEPS = 3
 # (family, config overrides): the three families' shapes, one kv head replicated over the
 # ranks (and tied embeddings), and a vocabulary that 2 does not divide (padded per rank)
 CASES = {
@@ -35,80 +27,14 @@ CASES = {
 }
 
 
-def meta(context: list[int], new: list[int]) -> AttentionMetadata:
-    """The step of ``new[i]`` tokens after ``context[i]`` cached ones of sequence i, whose
-    blocks are ``i * MAX_BLOCKS ...``."""
-    seq_lens = [c + n for c, n in zip(context, new, strict=True)]
-    slots = [
-        (i * MAX_BLOCKS) * BLOCK_SIZE + pos
-        for i, (c, s) in enumerate(zip(context, seq_lens, strict=True))
-        for pos in range(c, s)
-    ]
-    starts = [0]
-    for n in new:
-        starts.append(starts[-1] + n)
-    tables = [[i * MAX_BLOCKS + b for b in range(MAX_BLOCKS)] for i in range(len(new))]
-    return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.tensor(tables, dtype=torch.int32),
-        query_lens_host=list(new),
-        seq_lens_host=seq_lens,
-        max_query_len=max(new),
-        max_seq_len=max(seq_lens),
-    )
-
-
-@torch.inference_mode()
-def run_steps(path: Path, tp: TensorParallel) -> list[torch.Tensor]:
-    """The logits of a prefill of PROMPTS and DECODE_STEPS greedy decode steps."""
-    cfg = ModelConfig.from_dir(path)
-    cpu = torch.device("cpu")
-    packed = can_pack(torch.float32, cpu)
-    model = load_model(path, cfg, TorchAttention(), 64, torch.float32, cpu, packed=packed, tp=tp)
-    shape = (len(PROMPTS) * MAX_BLOCKS, BLOCK_SIZE, tp.kv_heads(cfg.num_kv_heads), cfg.head_dim)
-    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
-    ids = torch.tensor([t for p in PROMPTS for t in p])
-    positions = torch.cat([torch.arange(len(p)) for p in PROMPTS])
-    step = meta([0] * len(PROMPTS), [len(p) for p in PROMPTS])
-    last = step.query_start_loc[1:].long() - 1
-    out = []
-    for _ in range(DECODE_STEPS + 1):
-        logits = model.logits(model(ids, positions, caches, step, last))
-        out.append(logits)
-        context = step.seq_lens_host
-        ids, positions = logits.argmax(-1), torch.tensor(context)
-        step, last = meta(context, [1] * len(PROMPTS)), None
-    return out
-
-
 def shard_shapes(path: Path, tp: TensorParallel) -> dict[str, tuple[int, ...]]:
     cfg = ModelConfig.from_dir(path)
     model = load_model(path, cfg, TorchAttention(), 64, torch.float32, torch.device("cpu"), tp=tp)
     return {name: tuple(p.shape) for name, p in model.named_parameters() if "layers.1" not in name}
 
 
-def rank_main(rank: int, size: int, port: int, paths: list[Path], out: Path) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
-    try:
-        tp = TensorParallel(rank, size, dist.group.WORLD)
-        results = {
-            path.name: {"logits": run_steps(path, tp), "shapes": shard_shapes(path, tp)}
-            for path in paths
-        }
-        torch.save(results, out / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rank_results(path: Path, tp: TensorParallel) -> dict:
+    return {"logits": run_steps(path, tp), "shapes": shard_shapes(path, tp)}
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +45,7 @@ def two_ranks(tmp_path_factory):
         name: build_checkpoint(family, root / name, seed=1, **overrides)
         for name, (family, overrides) in CASES.items()
     }
-    mp.spawn(rank_main, args=(2, free_port(), list(paths.values()), root), nprocs=2, join=True)
-    ranks = [torch.load(root / f"rank{r}.pt") for r in range(2)]
-    return paths, ranks
+    return paths, on_two_ranks(rank_results, list(paths.values()), root)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -145,6 +69,8 @@ def test_each_rank_holds_only_its_shard(two_ranks):
             "layers.0.input_layernorm.weight": (64,),
             "layers.0.self_attn.qkv_proj.weight": (2 * 16 + 2 * 16, 64),  # 2 q heads, 1 kv head
             "layers.0.self_attn.o_proj.weight": (64, 32),
+            "layers.0.self_attn.k_scale": (),  # an FP8 KV cache's scales: every rank's
+            "layers.0.self_attn.v_scale": (),
             "layers.0.post_attention_layernorm.weight": (64,),
             "layers.0.mlp.gate_up_proj.weight": (2 * 64, 64),
             "layers.0.mlp.down_proj.weight": (64, 64),

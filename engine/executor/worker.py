@@ -73,7 +73,7 @@ def run_worker(spec: WorkerSpec, sock: socket.socket) -> None:
 
 def _build(spec: WorkerSpec) -> ModelRunner:
     config = spec.config
-    model_config = ModelConfig.from_dir(config.model)
+    model_config = ModelConfig.from_dir(config.model, config.quantization)
     plan = plan_execution(config, model_config)
     if plan.device.type == "cuda":
         torch.cuda.set_device(spec.rank)

@@ -18,13 +18,17 @@ rank's part, so a rank reads only its shard (Megatron's layout):
 With one rank every shard is the whole tensor and the forward is the unsharded one.
 """
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvserve.engine.cdiv import cdiv
 from kvserve.engine.layers.cpu_linear import packed_linear
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 
@@ -49,6 +53,8 @@ def read(loaded: Any, dim: int = 0, start: int = 0, length: int | None = None) -
     """``loaded`` narrowed to ``length`` entries from ``start`` along ``dim`` (all of it by
     default), read as a tensor: from a safetensors slice only those bytes are read."""
     shape = shape_of(loaded)
+    if not shape:  # a scalar: one scale for a whole tensor
+        return loaded[...]
     length = shape[dim] - start if length is None else length
     index = tuple(
         slice(start, start + length) if d == dim else slice(None) for d in range(len(shape))
@@ -66,44 +72,126 @@ def set_shard_ids(param: nn.Parameter, shard_ids: set[Any]) -> None:
     param.shard_ids = shard_ids  # type: ignore[attr-defined]
 
 
+@dataclass(frozen=True)
+class Dims:
+    """Where a linear layer's parameter runs along its features, which says how it shards:
+    ``output``/``input``: the dimension along the output/input features (None: the
+    parameter does not vary along them and every rank holds all of it); ``*_unit``: features
+    per entry along that dimension (a group's or a block's size for the scales of quantized
+    weights, else 1). ``added``: the parameter is added to the output (a bias), so a
+    row-parallel layer holds it on rank 0 alone. ``merge``: how the parts of a fused
+    projection combine a parameter with no output dimension: ``equal`` (they must agree)
+    or ``max`` (activation scales: the largest serves every part)."""
+
+    output: int | None = 0
+    input: int | None = 1
+    output_unit: int = 1
+    input_unit: int = 1
+    added: bool = False
+    merge: str = "equal"
+
+
+WEIGHT = Dims()
+BIAS = Dims(input=None, added=True)
+
+
+def set_dims(param: nn.Parameter, dims: Dims) -> None:
+    param.dims = dims  # type: ignore[attr-defined]
+
+
+def dims_of(param: nn.Parameter) -> Dims:
+    dims: Dims = getattr(param, "dims", WEIGHT)
+    return dims
+
+
+def fill(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst`` = ``src``; a one-element ``src`` (a per-tensor scale) fills all of ``dst``."""
+    if src.numel() == 1 and dst.numel() != 1:
+        dst.fill_(src.reshape(()).to(dst.dtype))
+    else:
+        dst.copy_(src.reshape(dst.shape) if src.numel() == dst.numel() == 1 else src)
+
+
 def default_weight_loader(param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
     """The whole tensor: replicated parameters (norms, replicated linears)."""
     with torch.no_grad():
-        param.copy_(read(loaded))
+        fill(param, read(loaded))
+
+
+def _entries(start: int, length: int, unit: int, what: str) -> tuple[int, int]:
+    """Features ``[start, start + length)`` as entries of ``unit`` features each; a
+    ValueError when ``start`` does not fall on an entry's edge."""
+    if start % unit:
+        raise ValueError(
+            f"{what}: feature {start} is not on an edge of its {unit}-feature scale groups; "
+            "this tensor-parallel split needs shards in whole groups"
+        )
+    return start // unit, cdiv(length, unit)
+
+
+KERNELS = ("torch", "cpu-packed", "triton")
+"""What runs a model's linears, chosen by the execution plan: ``torch`` (``F.linear``),
+``cpu-packed`` (weights relaid out for this CPU's kernels: ``packed_linear``), ``triton``
+(the GPU path, and its interpreter on a CPU: quantized weights stay quantized)."""
+
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+"""A checkpoint tensor, whole, → the layout of the parameter it fills."""
 
 
 class LinearMethod:
-    """How a linear layer's weights are created, finished after loading and applied."""
+    """How a linear layer's weights are created, finished after loading and applied.
+    ``checkpoint_names`` maps a checkpoint tensor's last name part to the parameter it fills
+    and the function that turns it into that parameter's layout first (None: as stored)."""
+
+    checkpoint_names: Mapping[str, tuple[str, Transform | None]] = MappingProxyType({})
 
     def create_weights(self, layer: "LinearBase", bias: bool) -> None:
         raise NotImplementedError
 
-    def process_weights_after_loading(self, layer: "LinearBase", packed: bool) -> None:
-        """Called once every weight is loaded. ``packed``: the execution plan's choice to
-        relay weights out for the CPU kernels (``cpu_linear.packed_linear.can_pack``)."""
+    def process_weights_after_loading(self, layer: "LinearBase", kernels: str) -> None:
+        """Called once every weight is loaded; ``kernels`` is one of ``KERNELS``."""
 
     def apply(self, layer: "LinearBase", x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
 
+def add_parameter(layer: "LinearBase", name: str, data: torch.Tensor, dims: Dims = WEIGHT) -> None:
+    """``data`` as ``layer``'s parameter ``name``, loaded by the layer's parallel style."""
+    param = nn.Parameter(data, requires_grad=False)
+    set_weight_loader(param, layer.weight_loader)
+    set_dims(param, dims)
+    layer.register_parameter(name, param)
+
+
+def take(layer: nn.Module, name: str) -> torch.Tensor:
+    """Parameter ``name`` of ``layer``, removed from it (a loaded tensor that a weight method
+    turns into its runtime form)."""
+    data = layer.get_parameter(name).detach()
+    delattr(layer, name)
+    return data
+
+
+def create_bias(layer: "LinearBase", bias: bool) -> None:
+    """A bias over this rank's output features, or none."""
+    if bias:
+        add_parameter(layer, "bias", torch.empty(layer.out_features), BIAS)
+    else:
+        layer.register_parameter("bias", None)
+
+
 class UnquantizedLinearMethod(LinearMethod):
-    """Weights in the activations' dtype. With ``packed``, the weight is relaid out once for
-    the kernel that runs it on this CPU (``cpu_linear.packed_linear.packed``: AMX, AVX-512
-    BF16 dot products, float32 panels, or oneDNN) and the plain weight is dropped."""
+    """Weights in the activations' dtype. With ``cpu-packed`` kernels, the weight is relaid
+    out once for the kernel that runs it on this CPU (``cpu_linear.packed_linear.packed``:
+    AMX, AVX-512 BF16 dot products, float32 panels, or oneDNN) and the plain weight is
+    dropped."""
 
     def create_weights(self, layer: "LinearBase", bias: bool) -> None:
-        layer.weight = nn.Parameter(
-            torch.empty(layer.out_features, layer.in_features), requires_grad=False
-        )
-        set_weight_loader(layer.weight, layer.weight_loader)
-        if bias:
-            layer.bias = nn.Parameter(torch.empty(layer.out_features), requires_grad=False)
-            set_weight_loader(layer.bias, layer.weight_loader)
-        else:
-            layer.register_parameter("bias", None)
+        add_parameter(layer, "weight", torch.empty(layer.out_features, layer.in_features))
+        create_bias(layer, bias)
 
-    def process_weights_after_loading(self, layer: "LinearBase", packed: bool) -> None:
-        if packed:
+    def process_weights_after_loading(self, layer: "LinearBase", kernels: str) -> None:
+        if kernels == "cpu-packed":
             layer.kernel = packed_linear.packed(layer)
             del layer.weight
             layer.bias = None
@@ -134,6 +222,9 @@ class LinearBase(nn.Module):
         self.tp = tp
         self.in_features, self.out_features = in_features, out_features
         self.method = method or UnquantizedLinearMethod()
+        self.compute_dtype = torch.get_default_dtype()
+        self.static_scale: torch.Tensor | None = None
+        """A static activation scale of quantized weights, once loaded."""
         self.kernel = None
         self.method.create_weights(self, bias)
 
@@ -143,22 +234,61 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x)
 
+    def load_rows(
+        self, param: nn.Parameter, loaded: Any, start: int, rows: int, source: int
+    ) -> None:
+        """Output features ``[source, source + rows)`` of checkpoint tensor ``loaded`` into
+        features ``[start, start + rows)`` of ``param`` (whole along the input features);
+        a parameter with no output dimension is merged whole (``Dims.merge``)."""
+        dims = dims_of(param)
+        with torch.no_grad():
+            if dims.output is None:
+                self._merge(param, read(loaded), dims.merge)
+                return
+            what = f"{type(self).__name__} rows"
+            start, length = _entries(start, rows, dims.output_unit, what)
+            source, _ = _entries(source, rows, dims.output_unit, what)
+            dst = param.narrow(dims.output, start, length)
+            if math.prod(shape_of(loaded)) == 1 and dst.numel() != 1:
+                fill(dst, read(loaded))  # one scale for the whole tensor: this part's rows
+            else:
+                fill(dst, read(loaded, dims.output, source, length))
+
+    def load_columns(self, param: nn.Parameter, loaded: Any, columns: int, source: int) -> None:
+        """Input features ``[source, source + columns)`` of ``loaded`` into ``param``; a
+        parameter with no input dimension whole, or, if added to the output (a bias), on
+        rank 0 alone."""
+        dims = dims_of(param)
+        with torch.no_grad():
+            if dims.input is None:
+                if dims.added and self.tp.rank != 0:
+                    param.zero_()
+                else:
+                    fill(param, read(loaded))
+                return
+            what = f"{type(self).__name__} columns"
+            source, length = _entries(source, columns, dims.input_unit, what)
+            fill(param, read(loaded, dims.input, source, length))
+
+    @staticmethod
+    def _merge(param: nn.Parameter, value: torch.Tensor, merge: str) -> None:
+        seen: bool = getattr(param, "merged", False)
+        if seen and merge == "max":
+            value = torch.maximum(param.detach(), value.reshape(param.shape).to(param.dtype))
+        elif seen and not torch.equal(param.detach(), value.reshape(param.shape).to(param.dtype)):
+            raise ValueError(
+                f"the parts of one fused {type(param).__name__} disagree on a shared tensor "
+                f"of shape {tuple(param.shape)} (e.g. g_idx of q_proj and k_proj)"
+            )
+        fill(param, value)
+        param.merged = True  # type: ignore[attr-defined]
+
 
 class ReplicatedLinear(LinearBase):
     """The whole weight on every rank."""
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool,
-        tp: TensorParallel,
-        method: LinearMethod | None = None,
-    ) -> None:
-        super().__init__(in_features, out_features, bias, tp, method)
-
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
-        default_weight_loader(param, loaded)
+        self.load_rows(param, loaded, 0, self.out_features, 0)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -176,9 +306,8 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(in_features, divide(out_features, tp.size, what), bias, tp, method)
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
-        rows = param.shape[0]
-        with torch.no_grad():
-            param.copy_(read(loaded, 0, self.tp.rank * rows, rows))
+        rows = self.out_features
+        self.load_rows(param, loaded, 0, rows, self.tp.rank * rows)
 
 
 class MergedColumnParallelLinear(LinearBase):
@@ -202,8 +331,7 @@ class MergedColumnParallelLinear(LinearBase):
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         rows = self.parts[shard_id]
         start = sum(self.parts[:shard_id])
-        with torch.no_grad():
-            param[start : start + rows].copy_(read(loaded, 0, self.tp.rank * rows, rows))
+        self.load_rows(param, loaded, start, rows, self.tp.rank * rows)
 
 
 class QKVParallelLinear(LinearBase):
@@ -240,8 +368,7 @@ class QKVParallelLinear(LinearBase):
         else:
             start = self.q_size + (0 if shard_id == "k" else self.kv_size)
             rows, source = self.kv_size, self.kv_head_start * self.head_dim
-        with torch.no_grad():
-            param[start : start + rows].copy_(read(loaded, 0, source, rows))
+        self.load_rows(param, loaded, start, rows, source)
 
 
 class RowParallelLinear(LinearBase):
@@ -260,12 +387,8 @@ class RowParallelLinear(LinearBase):
         super().__init__(divide(in_features, tp.size, what), out_features, bias, tp, method)
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
-        with torch.no_grad():
-            if param.dim() == 1:  # the bias: added once, by rank 0
-                param.copy_(read(loaded)) if self.tp.rank == 0 else param.zero_()
-                return
-            cols = param.shape[1]
-            param.copy_(read(loaded, 1, self.tp.rank * cols, cols))
+        columns = self.in_features
+        self.load_columns(param, loaded, columns, self.tp.rank * columns)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.method.apply(self, x)

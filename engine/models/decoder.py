@@ -23,6 +23,7 @@ from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from kvserve.engine.models.model_config import ModelConfig
+from kvserve.engine.quantization.linear_methods import linear_method
 
 __all__ = ["DecoderLM", "KVCache", "Switches"]
 
@@ -49,14 +50,17 @@ class MLP(nn.Module):
     this size reuse the heap's blocks and are still large matmuls; they are equal, so that the
     linear kernels' threads get equal shares of each (1,336 rows: 668 + 668, not 1,024 + 312)."""
 
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel, prefix: str) -> None:
+        """``prefix``: the checkpoint's name of this MLP (``model.layers.3.mlp``)."""
         super().__init__()
-        inter = cfg.intermediate_size
+        inter, quant = cfg.intermediate_size, cfg.quantization
+        gate_up = linear_method(quant, [f"{prefix}.gate_proj", f"{prefix}.up_proj"])
         self.gate_up_proj = MergedColumnParallelLinear(
-            cfg.hidden_size, [inter, inter], False, tp, what="intermediate_size"
+            cfg.hidden_size, [inter, inter], False, tp, gate_up, what="intermediate_size"
         )
+        down = linear_method(quant, [f"{prefix}.down_proj"])
         self.down_proj = RowParallelLinear(
-            inter, cfg.hidden_size, False, tp, what="intermediate_size"
+            inter, cfg.hidden_size, False, tp, down, what="intermediate_size"
         )
         self.gate_up_width = self.gate_up_proj.out_features
 
@@ -79,9 +83,12 @@ class DecoderLayer(nn.Module):
         rotary: RotaryEmbedding,
         backend: AttentionBackend,
         tp: TensorParallel,
+        prefix: str,
     ) -> None:
+        """``prefix``: the checkpoint's name of this layer (``model.layers.3``)."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        attn, quant = f"{prefix}.self_attn", cfg.quantization
         self.self_attn = Attention(
             cfg.hidden_size,
             cfg.num_heads,
@@ -93,9 +100,11 @@ class DecoderLayer(nn.Module):
             rotary=rotary,
             backend=backend,
             tp=tp,
+            qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
+            o_method=linear_method(quant, [f"{attn}.o_proj"]),
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp)
+        self.mlp = MLP(cfg, tp, f"{prefix}.mlp")
 
     def forward(
         self,
@@ -143,7 +152,8 @@ class DecoderLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, switches, self.rotary, backend, tp) for _ in range(cfg.num_layers)
+            DecoderLayer(cfg, switches, self.rotary, backend, tp, f"model.layers.{i}")
+            for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)

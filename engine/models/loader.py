@@ -10,13 +10,20 @@ import torch
 from safetensors import safe_open
 
 from kvserve.engine.layers.attention.backend import AttentionBackend
-from kvserve.engine.layers.linear import LinearBase, default_weight_loader
+from kvserve.engine.layers.linear import (
+    LinearBase,
+    Transform,
+    default_weight_loader,
+)
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models import registry
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
 
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+_QUANTIZED_PARTS = re.compile(
+    r"\.(weight_scale|weight_scale_inv|input_scale|qweight|qzeros|scales|g_idx|weight_packed)$"
+)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _FUSED: dict[str, tuple[str, str | int]] = {
     "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
@@ -24,6 +31,12 @@ _FUSED: dict[str, tuple[str, str | int]] = {
     "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
     "mlp.gate_proj": ("mlp.gate_up_proj", 0),
     "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+# An FP8 KV cache's per-tensor scales as ModelOpt and older exports name them (compressed-
+# tensors writes self_attn.k_scale / v_scale, our own names).
+_KV_SCALES = {
+    "self_attn.k_proj.k_scale": "self_attn.k_scale",
+    "self_attn.v_proj.v_scale": "self_attn.v_scale",
 }
 
 
@@ -54,11 +67,12 @@ def load_model(
     it, then hand every checkpoint tensor, as a safetensors slice, to its parameter's weight
     loader, which reads this rank's shard of it alone; then finish each linear's weights
     (prepacked for the CPU kernels if ``packed``: see ``packed_linear.can_pack``). Fails if
-    a weight is missing or unknown."""
+    a weight is missing (but for an ``optional`` one: an FP8 KV cache's scales) or unknown."""
     path = Path(path)
     with torch.device(device), _default_dtype(dtype):
         model = registry.model_class(cfg.architecture)(cfg, backend, max_positions, tp)
     params = dict(model.named_parameters())
+    renames = _checkpoint_names(model)
     loaded: dict[str, set] = {name: set() for name in params}
     files = checkpoint_files(path)
     has_lm_head = False
@@ -69,11 +83,22 @@ def load_model(
                     continue
                 has_lm_head |= name == "lm_head.weight"
                 target, shard_id = _target(name)
+                target, transform = renames.get(target, (target, None))
                 param = params.get(target)
                 if param is None:
-                    raise ValueError(f"unexpected weight {name!r} in {path}")
+                    raise ValueError(f"unexpected weight {name!r} in {path}{_why(cfg, name)}")
                 weight_loader = getattr(param, "weight_loader", default_weight_loader)
-                weight_loader(param, handle.get_slice(name), shard_id)
+                try:
+                    if transform is None:
+                        weight_loader(param, handle.get_slice(name), shard_id)
+                    else:
+                        weight_loader(param, transform(handle.get_tensor(name)), shard_id)
+                except (RuntimeError, ValueError) as e:
+                    shape = list(handle.get_slice(name).get_shape())
+                    raise ValueError(
+                        f"checkpoint tensor {name!r} (shape {shape}) does not fit {target} "
+                        f"(this rank's part: {list(param.shape)}): {e}"
+                    ) from e
                 loaded[target].add(shard_id)
         if progress is not None:
             progress(done, len(files))
@@ -81,14 +106,42 @@ def load_model(
     if tied:
         model.lm_head.tie(model.embed_tokens)
         loaded["lm_head.weight"] = loaded["embed_tokens.weight"]
-    missing = [n for n, p in params.items() if loaded[n] != getattr(p, "shard_ids", {None})]
+    missing = [
+        n
+        for n, p in params.items()
+        if loaded[n] != getattr(p, "shard_ids", {None}) and not getattr(p, "optional", False)
+    ]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(missing[:5])}")
     model.rotary.build(dtype, device)
+    kernels = "triton" if backend.name == "triton" else "cpu-packed" if packed else "torch"
     for module in model.modules():
         if isinstance(module, LinearBase):
-            module.method.process_weights_after_loading(module, packed)
+            module.method.process_weights_after_loading(module, kernels)
     return model.eval()
+
+
+def _checkpoint_names(model: DecoderLM) -> dict[str, tuple[str, Transform | None]]:
+    """Checkpoint tensor names that a linear's weight method stores under another name
+    (``q_proj.qweight`` → ``qkv_proj.qvalue``), with the function that converts them."""
+    renames = {}
+    for prefix, module in model.named_modules():
+        if isinstance(module, LinearBase):
+            for stored, (ours, transform) in module.method.checkpoint_names.items():
+                renames[f"{prefix}.{stored}"] = (f"{prefix}.{ours}", transform)
+    return renames
+
+
+def _why(cfg: ModelConfig, name: str) -> str:
+    """Why a checkpoint tensor nobody takes may be there."""
+    if cfg.quantization is None and _QUANTIZED_PARTS.search(name):
+        return (
+            "; it looks like a quantized checkpoint's tensor, but config.json has no "
+            "quantization_config"
+        )
+    if cfg.quantization is not None:
+        return f" (quantization: {cfg.quantization.describe()})"
+    return ""
 
 
 @contextlib.contextmanager
@@ -109,6 +162,7 @@ def _target(name: str) -> tuple[str, str | int | None]:
     if match is None:
         return name.removeprefix("model."), None
     layer, rest = match.groups()
+    rest = _KV_SCALES.get(rest, rest)
     module, _, kind = rest.rpartition(".")
     if module in _FUSED:
         target, shard_id = _FUSED[module]

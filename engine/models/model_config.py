@@ -1,10 +1,12 @@
 """The architecture facts the engine needs, read from a checkpoint's config.json."""
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvserve.engine.models import registry
+from kvserve.engine.quantization.config import QuantConfig, read_quant_config
 
 
 @dataclass(frozen=True)
@@ -37,15 +39,20 @@ class ModelConfig:
     torch_dtype: str | None
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
+    quantization: QuantConfig | None = None
+    """The linear layers' quantization (``engine/quantization``); None: 16-bit."""
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "ModelConfig":
+    def from_dir(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
+        """``quantization``: ``--quantization``, a method to quantize a 16-bit checkpoint
+        with as it loads."""
         path = Path(path)
         config_file = path / "config.json"
         if not config_file.is_file():
             raise FileNotFoundError(f"no config.json in model directory {path}")
         raw = json.loads(config_file.read_text())
-        return cls.from_dict(raw, _generation_eos(path))
+        quant = read_quant_config(path, raw, quantization)
+        return dataclasses.replace(cls.from_dict(raw, _generation_eos(path)), quantization=quant)
 
     @classmethod
     def from_dict(cls, raw: dict, extra_eos: tuple[int, ...] = ()) -> "ModelConfig":
@@ -55,13 +62,6 @@ class ModelConfig:
             raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; only silu")
         if raw.get("mlp_bias"):
             raise ValueError("mlp_bias is not supported")
-        quantization = raw.get("quantization_config")
-        if quantization is not None:
-            method = quantization.get("quant_method") if isinstance(quantization, dict) else None
-            raise ValueError(
-                f"quantized checkpoints are not supported yet (quantization_config.quant_method "
-                f"{method!r}): serve a 16-bit checkpoint"
-            )
         num_heads = raw["num_attention_heads"]
         sliding = raw.get("sliding_window")
         if family == "qwen2" and not raw.get("use_sliding_window", False):
