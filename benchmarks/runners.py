@@ -10,6 +10,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 Spec = dict[str, Any]
@@ -97,7 +98,14 @@ def run_kvserve(spec: Spec) -> dict[str, Any]:
 
     result = _timed(spec, generate)
     result["decode_step_ms"] = _single_stream_step_ms(llm.engine, spec)
+    result["peak_rss_mib"] = _peak_rss_mib()
     return result
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory (``VmHWM``): the model, its KV cache, the run."""
+    status = Path("/proc/self/status").read_text().splitlines()
+    return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
 
 
 def _single_stream_step_ms(engine: Any, spec: Spec) -> float:

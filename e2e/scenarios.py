@@ -1,11 +1,11 @@
 """The end-to-end scenarios: a user's whole path on a real cluster, with real pods and traffic.
 
 Run in order, each on what the previous ones left (see README.md): install the operator, serve
-the demo model, scale, roll, replace a pod, survive an invalid spec, delete; then serve with
-two tensor-parallel ranks on a pod's CPUs. Each returns a
-one-line summary and raises on the first failed check; after each, the operator's log must
-hold no Forbidden answer and no traceback. A new scenario (e.g. autoscaling) is one function
-and one entry in ``SCENARIOS``.
+the demo model, scale it to zero, fail a download that cannot resolve its hub, scale, roll,
+replace a pod, survive an invalid spec, delete; then serve with two tensor-parallel ranks on a
+pod's CPUs. Each returns a one-line summary and raises on the first failed check; after each,
+the operator's log must hold no Forbidden answer and no traceback. A new scenario (e.g.
+autoscaling) is one function and one entry in ``SCENARIOS``.
 
     python e2e/scenarios.py [--access clusterip|port-forward] [--only NAME ...]
 """
@@ -58,6 +58,10 @@ class Context:
     """The InferencePool CRD the gateway scenario installs where the cluster serves none (the
     tests pass the published one, as a v1.20 server takes it). None: on such a cluster the
     scenario checks the condition that reports the missing API instead."""
+    name_resolution_error: str = "[Errno -2] Name or service not known"
+    """What a pod's resolver says of a name under ``.invalid``. The default is the answer where
+    a cluster DNS says that no such name exists (kind's CoreDNS); the project's node, which has
+    no DNS, passes its own."""
 
     @property
     def operator(self) -> str:
@@ -99,6 +103,29 @@ def _ready(pod: V1Pod) -> bool:
 def condition(body: dict[str, Any], kind: str) -> dict[str, Any] | None:
     conditions = (body.get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c["type"] == kind), None)
+
+
+def _table(ctx: Context, name: str) -> list[list[str]]:
+    """``kubectl get llmd NAME``'s header and row, AGE left out."""
+    return [line.split()[:5] for line in ctx.kubectl("get", "llmd", name).splitlines()]
+
+
+HEADER = ["NAME", "MODEL", "REPLICAS", "READY", "PHASE"]
+
+
+def _conditions(body: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(type, status, reason, message) of each condition, in the status's order."""
+    return [
+        (c["type"], c["status"], c["reason"], c["message"]) for c in body["status"]["conditions"]
+    ]
+
+
+def _warnings(ctx: Context, uid: str) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of each Warning Event about the object ``uid``."""
+    found = ctx.cluster.core.list_namespaced_event(
+        ctx.namespace, field_selector=f"involvedObject.uid={uid},type=Warning"
+    ).items
+    return [(e.type, e.reason, e.message) for e in found]
 
 
 def wait_ready(ctx: Context, replicas: int, timeout: float = READY_TIMEOUT) -> list[V1Pod]:
@@ -201,9 +228,8 @@ def serve_demo(ctx: Context) -> str:
     ), status
     (server,) = pod.spec.containers
     assert (server.image, server.image_pull_policy) == (ctx.image, "IfNotPresent")
-    table = ctx.kubectl("get", "llmd").splitlines()
-    assert table[0].split()[:5] == ["NAME", "MODEL", "REPLICAS", "READY", "PHASE"], table
-    assert [r.split()[:5] for r in table[1:]] == [[ctx.name, DEMO_MODEL, "1", "1", "Ready"]]
+    table = _table(ctx, ctx.name)
+    assert table == [HEADER, [ctx.name, DEMO_MODEL, "1", "1", "Ready"]], table
 
     with ctx.cluster.service_url(ctx.namespace, ctx.name, HTTP_PORT) as base:
         with openai_client(base) as ai:
@@ -232,6 +258,93 @@ def serve_demo(ctx: Context) -> str:
     return (
         f"pod {pod.metadata.name} {pod.status.pod_ip}, model loaded in {load_seconds}s; "
         f"chat + 64-token stream; {backend}"
+    )
+
+
+def scaled_to_zero_reads_as_such(ctx: Context) -> str:
+    """``kubectl scale --replicas=0``: phase ScaledToZero once no pod is left, in the columns of
+    ``kubectl get llmd`` too; the conditions say why nothing serves."""
+    wait_ready(ctx, 1)
+    ctx.kubectl("scale", "llmd", ctx.name, "--replicas=0")
+
+    def idle() -> dict[str, Any] | None:
+        body = ctx.llmd()
+        status = body.get("status") or {}
+        settled = status.get("observedGeneration") == body["metadata"]["generation"]
+        return (
+            body if settled and status.get("phase") == "ScaledToZero" and not ctx.pods() else None
+        )
+
+    body = wait_for(idle, f"{ctx.name} ScaledToZero with no pod", READY_TIMEOUT)
+    assert _conditions(body) == [
+        ("Available", "False", "ScaledToZero", "0 replicas wanted"),
+        ("Progressing", "False", "RolloutComplete", "0 replicas updated and ready"),
+        ("Degraded", "False", "Reconciled", "the spec is reconciled"),
+        ("ModelLoaded", "Unknown", "NoPods", "no pod runs the model"),
+    ], body["status"]
+    table = _table(ctx, ctx.name)
+    assert table == [HEADER, [ctx.name, DEMO_MODEL, "0", "0", "ScaledToZero"]], table
+    return f"kubectl get llmd: {' '.join(table[1])}; Available: False (ScaledToZero)"
+
+
+UNRESOLVABLE_HUB = "http://hub.invalid"
+"""The download's ``HF_ENDPOINT``: a reserved name that no resolver knows (RFC 6761), so the pod
+meets a real name-resolution failure with no network at all."""
+REPO = "org/name"
+
+
+def failed_download_says_why(ctx: Context) -> str:
+    """An ``hf://`` source whose hub cannot be resolved: the init container's termination
+    message is the one line naming the cause, which ModelLoaded quotes and one Warning Event
+    carries, across the init container's restarts."""
+    fetch = dataclasses.replace(ctx, name=f"{ctx.name}-fetch")
+    spec = {"model": {"source": f"hf://{REPO}"}, "replicas": 1,
+            "resources": {"cpu": "500m", "memory": "1Gi"},
+            "env": [{"name": "HF_ENDPOINT", "value": UNRESOLVABLE_HUB}]}  # fmt: skip
+    body = {"apiVersion": "/".join(API[:2]), "kind": "LLMDeployment",
+            "metadata": {"name": fetch.name}, "spec": spec}  # fmt: skip
+    fetch.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(body))
+    uid = fetch.llmd()["metadata"]["uid"]
+    line = (
+        f"cannot download {REPO} from {UNRESOLVABLE_HUB}: {ctx.name_resolution_error} "
+        "(raised as LocalEntryNotFoundError)"
+    )
+
+    def expected(pod: V1Pod) -> str:
+        (status,) = pod.status.init_container_statuses
+        restarts = f", restarted {status.restart_count} times" if status.restart_count else ""
+        return (
+            f"1/1 pods failed to load; {pod.metadata.name}: container fetch-model exited with "
+            f"code 1 (Error){restarts}: {line}"
+        )
+
+    def failed_again() -> tuple[V1Pod, dict[str, Any]] | None:
+        """The pod, once its download failed at least twice, and the condition quoting it."""
+        pods = fetch.pods()
+        loaded = condition(fetch.llmd(), "ModelLoaded")
+        if len(pods) != 1 or loaded is None or not pods[0].status.init_container_statuses:
+            return None
+        (pod,) = pods
+        again = pod.status.init_container_statuses[0].restart_count >= 1
+        return (pod, loaded) if again and loaded["message"] == expected(pod) else None
+
+    pod, loaded = wait_for(failed_again, "the download to fail twice, quoted", READY_TIMEOUT)
+    (status,) = pod.status.init_container_statuses
+    ended = status.last_state.terminated or status.state.terminated
+    assert (ended.exit_code, ended.reason, ended.message) == (1, "Error", line + "\n"), ended
+    assert (loaded["status"], loaded["reason"]) == ("False", "DownloadFailed"), loaded
+    first = (
+        f"1/1 pods failed to load; {pod.metadata.name}: container fetch-model exited with code 1 "
+        f"(Error): {line}"
+    )
+    assert _warnings(fetch, uid) == [("Warning", "DownloadFailed", first)], _warnings(fetch, uid)
+    table = _table(fetch, fetch.name)
+    assert table == [HEADER, [fetch.name, f"hf://{REPO}", "1", "0", "Progressing"]], table
+    fetch.kubectl("delete", "llmd", fetch.name, "--wait=true", "--timeout=180s")
+    wait_for(lambda: not fetch.pods(), f"the pods of {fetch.name} gone", 180)
+    return (
+        f"ModelLoaded False (DownloadFailed): {loaded['message']}; one Warning Event; "
+        f"kubectl get llmd: {' '.join(table[1])}"
     )
 
 
@@ -476,23 +589,17 @@ def invalid_spec_keeps_serving(ctx: Context) -> str:
         observed = (body.get("status") or {}).get("observedGeneration")
         return body if observed == body["metadata"]["generation"] else None
 
-    def warnings() -> list[tuple[str, str, str]]:
-        found = ctx.cluster.core.list_namespaced_event(
-            ctx.namespace, field_selector=f"involvedObject.uid={uid},type=Warning"
-        ).items
-        return [(e.type, e.reason, e.message) for e in found]
-
     invalid(1)
     body = wait_for(reconciled, "the invalid spec reconciled", 60)
     degraded = condition(body, "Degraded")
     assert degraded is not None and degraded["status"] == "True", body["status"]
     assert (degraded["reason"], degraded["message"]) == ("InvalidSpec", message), degraded
     assert body["status"]["phase"] == "Degraded"
-    wait_for(warnings, "the Warning Event", 60)
+    wait_for(lambda: _warnings(ctx, uid), "the Warning Event", 60)
     # The same problem again (another edit, as a resync or a restart would meet it): no new Event.
     invalid(2)
     assert condition(wait_for(reconciled, "the second edit reconciled", 60), "Degraded") == degraded
-    assert warnings() == [("Warning", "InvalidSpec", message)], warnings()
+    assert _warnings(ctx, uid) == [("Warning", "InvalidSpec", message)], _warnings(ctx, uid)
     with ctx.cluster.service_url(ctx.namespace, ctx.name, HTTP_PORT) as base:
         assert chat(base).choices[0].finish_reason in ("stop", "length")
     assert sorted(p.metadata.name for p in ctx.pods()) == before
@@ -502,7 +609,7 @@ def invalid_spec_keeps_serving(ctx: Context) -> str:
     after = sorted(p.metadata.name for p in wait_ready(ctx, 2, timeout=60))
     assert condition(ctx.llmd(), "Degraded")["status"] == "False"
     assert after == before, (before, after)
-    assert warnings() == [("Warning", "InvalidSpec", message)], warnings()
+    assert _warnings(ctx, uid) == [("Warning", "InvalidSpec", message)], _warnings(ctx, uid)
     return "Degraded/InvalidSpec, one Warning Event across two edits; same pods served; fixed"
 
 
@@ -610,6 +717,8 @@ class Scenario:
 SCENARIOS = [
     Scenario("operator-installed", install_operator),
     Scenario("demo-serves", serve_demo),
+    Scenario("scaled-to-zero", scaled_to_zero_reads_as_such),
+    Scenario("failed-download", failed_download_says_why),
     Scenario("scale-to-two", scale_to_two),
     Scenario("inference-pool", inference_pool_selects_ready_pods),
     Scenario("kv-events-and-tools", kv_events_and_tool_calls),

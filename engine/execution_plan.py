@@ -17,6 +17,7 @@ from kvserve.engine.kv_cache_sizing import (
     kv_block_bytes,
 )
 from kvserve.engine.layers.attention.backend import AttentionBackend, select_backend
+from kvserve.engine.layers.attention.fp8_kv import FP8, kv_cache_dtype
 from kvserve.engine.layers.cpu_linear.packed_linear import can_pack
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
@@ -45,6 +46,8 @@ class ExecutionPlan:
     packed_linears: bool
     max_model_len: int
     block_size: int
+    kv_cache_dtype: torch.dtype
+    """The KV cache's elements: ``dtype``'s, or e4m3 (``--kv-cache-dtype fp8``)."""
     kv_block_bytes: int
     num_kv_blocks: int | None
 
@@ -56,7 +59,7 @@ class ExecutionPlan:
     def with_measured_kv_blocks(self, model: DecoderLM, config: EngineConfig) -> "ExecutionPlan":
         """This plan with the blocks that fit next to ``model`` and its largest step."""
         blocks = cuda_kv_cache_blocks(
-            model, config, self.max_model_len, self.kv_block_bytes, self.dtype, self.device
+            model, config, self.max_model_len, self.kv_block_bytes, self.kv_cache_dtype, self.device
         )
         return dataclasses.replace(self, num_kv_blocks=blocks)
 
@@ -72,6 +75,7 @@ class ExecutionPlan:
             f"cpu graphs {on_off[self.cpu_graphs]}, "
             f"packed linears {on_off[self.packed_linears]}, "
             f"max_model_len {self.max_model_len}, "
+            f"{'kv fp8, ' if self.kv_cache_dtype == FP8 else ''}"
             f"{self.num_kv_blocks} KV blocks x {self.block_size} tokens"
         )
 
@@ -93,7 +97,8 @@ def plan_execution(
     dtype, dtype_note = _dtype(config.dtype, model_config.torch_dtype, device, cpu_bf16)
     backend = select_backend(device, config.attention_backend)
     max_model_len = _max_model_len(config, model_config)
-    block_bytes = kv_block_bytes(model_config, config.block_size, dtype)
+    kv_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype, device, backend)
+    block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype)
     # CUDA graphs and recorded CPU decode steps were never proven with collectives inside:
     # a model sharded over several ranks runs every step eagerly
     eager = config.enforce_eager or tp > 1
@@ -110,6 +115,7 @@ def plan_execution(
         packed_linears=can_pack(dtype, device),
         max_model_len=max_model_len,
         block_size=config.block_size,
+        kv_cache_dtype=kv_dtype,
         kv_block_bytes=block_bytes,
         num_kv_blocks=configured_kv_blocks(config, block_bytes, max_model_len, device),
     )
@@ -137,6 +143,23 @@ def _dtype(
     if cpu_bf16:
         return torch.bfloat16, f"{stored} checkpoint: bfloat16 is native on this CPU"
     return torch.float32, f"{stored} checkpoint upcast: this CPU has no native bf16"
+
+
+def _kv_cache_dtype(
+    setting: str, dtype: torch.dtype, device: torch.device, backend: AttentionBackend
+) -> torch.dtype:
+    """The cache's element type; e4m3 is refused where the Triton kernels cannot convert to
+    it (CUDA devices before compute capability 8.9)."""
+    kv_dtype = kv_cache_dtype(setting, dtype)
+    if kv_dtype == FP8 and device.type == "cuda" and backend.name == "triton":
+        capability = torch.cuda.get_device_capability(device)
+        if capability < (8, 9):
+            raise ValueError(
+                f"kv_cache_dtype {setting} needs a GPU of compute capability 8.9 or newer for "
+                f"the Triton kernels' e4m3 (this one is {capability[0]}.{capability[1]}); "
+                "use kv_cache_dtype auto or attention_backend torch"
+            )
+    return kv_dtype
 
 
 def _max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:

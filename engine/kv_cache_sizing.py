@@ -26,7 +26,9 @@ DEFAULT_CPU_KV_CACHE_GB = 4.0
 
 
 def kv_block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block: keys and values of ``block_size`` tokens in every layer."""
+    """Bytes of one block: keys and values of ``block_size`` tokens in every layer, each
+    element a ``dtype`` (the cache's: 1 byte for e4m3, so twice a 16-bit cache's blocks fit
+    in one budget)."""
     cfg = model_config
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
 
@@ -97,19 +99,19 @@ def profile_step(
     model: DecoderLM,
     query_lens: list[int],
     block_size: int,
-    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
     device: torch.device,
 ) -> torch.Tensor:
-    """Run ``query_lens`` fresh prompts through ``model`` on a one-block KV cache (every
-    token's slot wraps around in it; the outputs are meaningless, their memory is real)
-    and return the logits of each sequence's last token."""
+    """Run ``query_lens`` fresh prompts through ``model`` on a one-block KV cache of
+    ``kv_dtype`` (every token's slot wraps around in it; the outputs are meaningless, their
+    memory is real) and return the logits of each sequence's last token."""
     cfg = model.config
     num_tokens = sum(query_lens)
     shape = (1, block_size, cfg.num_kv_heads, cfg.head_dim)
     kv_caches = [
         (
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=kv_dtype, device=device),
+            torch.zeros(shape, dtype=kv_dtype, device=device),
         )
         for _ in range(cfg.num_layers)
     ]
@@ -157,12 +159,13 @@ def cuda_kv_cache_blocks(
     config: EngineConfig,
     max_model_len: int,
     block_bytes: int,
-    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
     device: torch.device,
 ) -> int:
-    """Profile the largest step of ``config`` on the loaded ``model`` and size the cache."""
+    """Profile the largest step of ``config`` on the loaded ``model`` and size the cache
+    (of ``kv_dtype``)."""
     lens = profile_query_lens(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
     profile = measure_cuda_memory(
-        device, lambda: profile_step(model, lens, config.block_size, dtype, device)
+        device, lambda: profile_step(model, lens, config.block_size, kv_dtype, device)
     )
     return kv_cache_blocks(profile, config.gpu_memory_utilization, block_bytes)

@@ -13,12 +13,17 @@ Design rules, each visible in the rendered pod:
   /dev/shm (memory-backed, sized for the engine's tensor-parallel ranks) are emptyDirs.
 - the server needs no Kubernetes API access: no service-account token is mounted.
 - with a CPU limit, the server runs as many threads as it gives (``OMP_NUM_THREADS``).
-- a server that exits on an error leaves its log's tail as the termination message, which the
-  ``ModelLoaded`` condition quotes.
+- a failed download leaves one line naming its cause as the init container's termination
+  message (``fetch_model``), a server that exits on an error its log's tail; the
+  ``ModelLoaded`` condition quotes either. Both containers fall back to their log's tail when
+  they die without writing one (killed, or failing before the program runs).
+- ``spec.env`` reaches the download too (``HF_ENDPOINT``, proxies); an entry of it replaces
+  ours of the same name in either container.
 """
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -39,12 +44,9 @@ FETCH_CONTAINER = "fetch-model"
 POD_NAME_ENV = "POD_NAME"
 KV_EVENTS_PORT_NAME = "kv-events"
 
-FETCH_SCRIPT = (
-    "import sys\n"
-    "from huggingface_hub import snapshot_download\n"
-    "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3])\n"
-)
-"""The init container's program: argv = repository id, revision ('' = default), directory."""
+FETCH_SCRIPT = (Path(__file__).parent / "fetch_model.py").read_text()
+"""The init container's program (``fetch_model``): argv = repository id, revision ('' = the
+default), directory."""
 
 
 def model_path(source: ModelSource) -> str:
@@ -126,6 +128,11 @@ def server_env(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
         ours.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
     if spec.api_key_secret is not None:
         ours.append(_secret_env("KVSERVE_API_KEY", spec.api_key_secret))
+    return _merged_env(ours, spec)
+
+
+def _merged_env(ours: list[dict[str, Any]], spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
+    """``ours``, then ``spec.env``; an entry of ``spec.env`` replaces ours of the same name."""
     merged = {e["name"]: e for e in ours + list(spec.env)}
     return list(merged.values())
 
@@ -162,23 +169,24 @@ def _model_volume(source: ModelSource) -> dict[str, Any] | None:
 
 
 def _fetch_container(spec: LLMDeploymentSpec, source: ModelSource, image: str) -> dict:
-    env: list[dict[str, Any]] = [
+    ours: list[dict[str, Any]] = [
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": "/tmp/hf"},
     ]
     if spec.model.hub_token_secret is not None:
-        env.append(_secret_env("HF_TOKEN", spec.model.hub_token_secret))
+        ours.append(_secret_env("HF_TOKEN", spec.model.hub_token_secret))
     container: dict[str, Any] = {
         "name": FETCH_CONTAINER,
         "image": image,
         "command": ["python", "-c", FETCH_SCRIPT],
         "args": [source.location, spec.model.revision or "", HF_MODEL_DIR],
-        "env": env,
+        "env": _merged_env(ours, spec),
         "securityContext": _security_context(),
         "volumeMounts": [
             {"name": "model", "mountPath": MODELS_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy

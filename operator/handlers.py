@@ -7,7 +7,9 @@ Every trigger funnels into the same level-based ``Reconciler.reconcile``:
 - a periodic resync (``KVSERVE_RESYNC_SECONDS``, default 300) repairs any other drift.
 A child Deployment's or a pod's status change only refreshes the owner's status (the pods give
 ``ModelLoaded``). A spec asking for an InferencePool where the cluster serves no such API gets
-a False ``InferencePool`` condition and one Warning Event, like an invalid spec.
+a False ``InferencePool`` condition and one Warning Event, like an invalid spec; so do pods
+that fail to load the model (``ModelLoaded`` False: a failed download, a crashing server), one
+Event per reason, not one per restart or status refresh.
 
 An invalid spec becomes a ``Degraded`` condition, and a Warning Event when that problem first
 appears (not again on resyncs or restarts); the handler succeeds, so kopf does not retry what
@@ -35,6 +37,7 @@ from kubernetes.client.rest import ApiException
 
 from kvserve.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvserve.operator.kube import Kube, api_message, namespace_terminating
+from kvserve.operator.model_load import CONDITION as LOAD_CONDITION
 from kvserve.operator.reconciler import Outcome, Reconciler
 from kvserve.operator.resource import (
     API_VERSION,
@@ -120,13 +123,19 @@ def _warn(owner: dict[str, Any], reason: str, message: str) -> None:
     kopf.warn(owner, reason=reason, message=message)  # type: ignore[arg-type]
 
 
-def _warn_pool_problem(written: tuple[dict[str, Any], Outcome] | None) -> None:
-    """One Warning Event when the ``InferencePool`` condition turns False (no pool API)."""
+WARNED_CONDITIONS = (POOL_CONDITION, LOAD_CONDITION)
+"""Conditions whose turning False (or changing reason while False) posts one Warning Event."""
+
+
+def _warn_new_problems(written: tuple[dict[str, Any], Outcome] | None) -> None:
+    """One Warning Event for each of ``WARNED_CONDITIONS`` that the written status shows False
+    and the status it replaced did not, for that reason (``new_warning``)."""
     if written is not None:
         before, outcome = written
-        problem = new_warning(before, outcome.status, POOL_CONDITION)
-        if problem is not None:
-            _warn(before, reason=problem["reason"], message=problem["message"])
+        for kind in WARNED_CONDITIONS:
+            problem = new_warning(before, outcome.status, kind)
+            if problem is not None:
+                _warn(before, reason=problem["reason"], message=problem["message"])
 
 
 def _reconcile(reconciler: Reconciler, owner: dict[str, Any]) -> None:
@@ -137,7 +146,7 @@ def _reconcile(reconciler: Reconciler, owner: dict[str, Any]) -> None:
     if outcome.problem is not None and outcome.problem != reported_problem(before):
         reason, message = outcome.problem
         _warn(before, reason=reason, message=message)
-    _warn_pool_problem(written)
+    _warn_new_problems(written)
 
 
 def _reconcile_named(reconciler: Reconciler, namespace: str, name: str) -> None:
@@ -187,7 +196,7 @@ def _handle_child(reconciler: Reconciler, child: kopf.Body, deleted: bool) -> No
     if deleted:
         _reconcile(reconciler, owner)
     else:
-        _warn_pool_problem(write_outcome(reconciler.kube, owner, reconciler.status))
+        _warn_new_problems(write_outcome(reconciler.kube, owner, reconciler.status))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)

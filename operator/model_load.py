@@ -9,10 +9,11 @@ readiness period (5 s). The API server keeps both times to the second.
   became Ready last.
 - ``False``: a pod that is not Ready has a server container that terminated (now or before its
   last restart, any exit code) or cannot start (a waiting reason other than ``ContainerCreating``
-  and ``PodInitializing``, such as ``CrashLoopBackOff`` or ``ImagePullBackOff``), or its model
-  download (the init container) exited with an error. The reason is the kubelet's
-  (``OOMKilled``, ``Error``, ...); the message quotes the termination message, which for the
-  server is its log's tail.
+  and ``PodInitializing``, such as ``CrashLoopBackOff`` or ``ImagePullBackOff``): the reason is
+  the kubelet's (``OOMKilled``, ``Error``, ...); or its model download (the init container)
+  exited with an error: reason ``DownloadFailed``, the kubelet's in the message. The message
+  quotes the termination message: for the download, the line ``fetch_model`` writes naming the
+  cause; for the server, its log's tail.
 - ``Unknown``: pods are starting (``Loading``), or there are none (``NoPods``).
 
 Pods being deleted are left out.
@@ -28,6 +29,7 @@ CONDITION = "ModelLoaded"
 STARTING = ("ContainerCreating", "PodInitializing")
 QUOTED_LINES = 3
 QUOTED_CHARS = 400
+DOWNLOAD_FAILED = "DownloadFailed"
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ def _failure(pod: dict[str, Any]) -> tuple[str, str] | None:
         fetch.get("lastState") or {}
     ).get("terminated")
     if fetch_ended and fetch_ended.get("exitCode"):
-        return _terminated(FETCH_CONTAINER, fetch_ended, fetch.get("restartCount", 0))
+        _, message = _terminated(FETCH_CONTAINER, fetch_ended, fetch.get("restartCount", 0))
+        return DOWNLOAD_FAILED, message
     server = _container(pod, "containerStatuses", SERVER_CONTAINER)
     state, last = server.get("state") or {}, server.get("lastState") or {}
     ended = state.get("terminated") or last.get("terminated")

@@ -10,9 +10,10 @@ unchanged status yields the same object and patching it changes nothing.
 - ``ModelLoaded``: whether the pods loaded the model (``model_load``); ``modelLoadSeconds``
   keeps the last load time measured.
 
-``phase`` condenses them: ``Degraded``, else ``Ready`` when nothing progresses and a pod is
-available (or none is wanted), else ``Progressing``. ``endpoint`` is left out for a name that
-cannot name a Service: there is none to advertise.
+``phase`` condenses them: ``Degraded``, else ``Progressing`` while not every desired pod is
+updated and ready, else ``ScaledToZero`` when none is wanted (nothing serves, by choice: a
+phase of its own, so that ``kubectl get`` does not read as serving), else ``Ready``.
+``endpoint`` is left out for a name that cannot name a Service: there is none to advertise.
 """
 
 from collections.abc import Sequence
@@ -99,10 +100,12 @@ def build_status(
 
     if degraded is not None:
         phase = "Degraded"
-    elif settled and (ready or desired == 0):
-        phase = "Ready"
-    else:
+    elif not settled:
         phase = "Progressing"
+    elif desired == 0:
+        phase = "ScaledToZero"
+    else:
+        phase = "Ready"
     status = {
         "phase": phase,
         "replicas": replicas,

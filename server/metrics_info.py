@@ -13,7 +13,8 @@ def cache_config_labels(engine: LLMEngine) -> dict[str, str]:
 
     The KV cache lives on the engine's device: ``num_gpu_blocks`` counts its blocks (on a
     CPU too, as vLLM's CPU backend does) and there is no second, CPU tier
-    (``num_cpu_blocks`` None). The cache always takes the model's dtype: vLLM's ``auto``.
+    (``num_cpu_blocks`` None). ``cache_dtype`` is ``--kv-cache-dtype`` as given (``auto``:
+    the model's dtype; ``fp8`` or ``fp8_e4m3``: e4m3), as vLLM's label spells it.
     ``num_gpu_blocks_override`` is ``--num-kv-blocks`` and ``kv_cache_memory_bytes`` is
     ``--kv-cache-memory-gb`` in bytes; ``gpu_memory_utilization`` applies on CUDA only.
     ``kv_cache_size_tokens`` is the tokens the blocks hold and ``kv_cache_max_concurrency``
@@ -27,7 +28,7 @@ def cache_config_labels(engine: LLMEngine) -> dict[str, str]:
     num_blocks = engine.kv.pool.num_blocks
     return {
         "block_size": str(config.block_size),
-        "cache_dtype": "auto",
+        "cache_dtype": config.kv_cache_dtype,
         "enable_prefix_caching": str(config.enable_prefix_caching),
         "gpu_memory_utilization": str(config.gpu_memory_utilization),
         "is_attention_free": "False",

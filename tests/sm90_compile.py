@@ -3,13 +3,13 @@ assembler's register and spill counts.
 
     python tests/sm90_compile.py < JOBS.json   → one JSON report per job on stdout
 
-A job is ``{"kernel": name in one of MODULES, "dtype": "bf16"|"fp16"|"fp32", "constants": {...},
-"num_warps": n}``, optionally with ``"pointers": {name: type}`` (pointer types past
-INDEX_POINTERS, e.g. ``"*fp8e4nv"``) and ``"aligned": [names]``: the arguments a real launch
-sees as multiples of 16 (Triton specializes such ints and 16-byte-aligned pointers; a GEMM
-compiled without it assumes K may be odd, loads one element at a time and spills). It runs in
-a process of its own: Triton must not be in interpreter mode, which the CPU test session
-turns on.
+A job is ``{"kernel": name in one of MODULES, "dtype": "bf16"|"fp16"|"fp32", "constants":
+{...}, "num_warps": n}``, optionally with ``"pointers": {name: type}`` (pointer types past
+INDEX_POINTERS, e.g. ``"*fp8e4nv"`` for an e4m3 KV cache's) and ``"aligned": [names]``: the
+arguments a real launch sees as multiples of 16 (Triton specializes such ints and 16-byte-
+aligned pointers; a GEMM compiled without it assumes K may be odd, loads one element at a time
+and spills). It runs in a process of its own: Triton must not be in interpreter mode, which the
+CPU test session turns on.
 """
 
 import contextlib
@@ -50,7 +50,8 @@ def report(
     pointers: dict[str, str] | None = None,
     aligned: tuple[str, ...] = (),
 ) -> dict[str, int]:
-    """Tensors in ``dtype``, int32 strides and sizes, fp32 scale and eps."""
+    """Tensors in ``dtype`` (``pointers`` name others' types), int32 strides and sizes, fp32
+    scales and eps."""
     fn = next(getattr(module, kernel) for module in MODULES if hasattr(module, kernel))
     pointer_types = {**INDEX_POINTERS, **(pointers or {})}
     signature = {}
@@ -60,7 +61,7 @@ def report(
         elif name.endswith("_ptr"):
             signature[name] = pointer_types.get(name, f"*{dtype}")
         else:
-            signature[name] = "fp32" if name in ("scale", "eps") else "i32"
+            signature[name] = "fp32" if name == "eps" or name.endswith("scale") else "i32"
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     log = io.StringIO()
     with contextlib.redirect_stdout(log):

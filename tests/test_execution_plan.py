@@ -55,6 +55,7 @@ def test_a_tiny_checkpoint_on_the_cpu_gets_an_exact_plan(checkpoint):
         "packed_linears": True,  # oneDNN linears, float32 too
         "max_model_len": 100,
         "block_size": 16,
+        "kv_cache_dtype": torch.float32,  # the model's (--kv-cache-dtype auto)
         "kv_block_bytes": FLOAT32_BLOCK_BYTES,
         "num_kv_blocks": 3 * 7,  # max_num_seqs full contexts of ceil(100 / 16) blocks
     }

@@ -27,6 +27,7 @@ from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.sampling_params import SamplingParams
 
+from int4_packing import pack_nibbles
 from quant_checkpoints import QuantizedCheckpoint, build_quant_source, write_quantized
 from reference import assert_greedy_match, hf_greedy, hf_model
 from sharded_steps import PROMPTS, on_two_ranks, run_steps
@@ -251,3 +252,72 @@ def test_quantized_layers_hold_their_compressed_form_on_the_triton_path(quantize
             "scale": ((2, 4), torch.float32),
         },
     }
+
+
+def nibbles(words: torch.Tensor) -> torch.Tensor:
+    """int32 [R, C] → [R, 8C]: nibble i of word c at column 8c + i."""
+    shifts = torch.arange(0, 32, 4)
+    return ((words.long().unsqueeze(-1) >> shifts) & 0xF).flatten(1)
+
+
+def rewrite(source: Path, path: Path, config: dict, convert) -> None:
+    """``source``'s checkpoint at ``path`` with quantization_config ``config`` and every
+    GPTQ projection's tensors (prefix → its tensors) replaced by ``convert``'s."""
+    shutil.copytree(source, path)
+    weights = load_file(path / "model.safetensors")
+    prefixes = {n.removesuffix(".qweight") for n in weights if n.endswith(".qweight")}
+    for prefix in prefixes:
+        parts = {k.removeprefix(prefix + "."): weights.pop(k) for k in list(weights)
+                 if k.startswith(prefix + ".")}  # fmt: skip
+        weights.update({f"{prefix}.{k}": v for k, v in convert(parts).items()})
+    save_file(weights, path / "model.safetensors", {"format": "pt"})
+    raw = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**raw, "quantization_config": config}))
+
+
+def test_gptq_v2_zero_points_are_stored_as_they_are(quantized, tmp_path):
+    """checkpoint_format gptq_v2 stores the zero points themselves (v1: minus one): the v1
+    checkpoint rewritten so means the same weights."""
+    checkpoint = quantized["gptq-g64-asym"]
+    config = json.loads((checkpoint.path / "config.json").read_text())["quantization_config"]
+
+    def v2(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return parts | {"qzeros": pack_nibbles(nibbles(parts["qzeros"]) + 1)}
+
+    rewrite(checkpoint.path, tmp_path / "v2", config | {"checkpoint_format": "gptq_v2"}, v2)
+    ours = run_steps(tmp_path / "v2", TensorParallel())[0]
+    torch.testing.assert_close(
+        ours, reference_logits(checkpoint.reference), rtol=0, atol=CPU_LOGIT_TOLERANCE
+    )
+
+
+def test_compressed_tensors_act_order_groups_read_weight_g_idx(quantized, tmp_path):
+    """A symmetric GPTQ act-order checkpoint written as compressed-tensors ``pack-quantized``
+    with ``actorder: group`` (values signed plus 8 along the input features, scales [N, G],
+    ``weight_g_idx``) means the same weights, on one rank and on two."""
+    checkpoint = quantized["gptq-g128-act-order"]
+
+    def packed(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        values = nibbles(parts["qweight"].T.contiguous()).T  # [K, N] unpacked along K
+        return {
+            "weight_packed": pack_nibbles(values.T.contiguous()),
+            "weight_scale": parts["scales"].T.to(torch.bfloat16).contiguous(),
+            "weight_g_idx": parts["g_idx"],
+            "weight_shape": torch.tensor(list(values.T.shape)),
+        }
+
+    weights = dict(num_bits=4, type="int", strategy="group", group_size=128,
+                   symmetric=True, dynamic=False, actorder="group")  # fmt: skip
+    config = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+    }
+    path = tmp_path / "ct-act-order"
+    rewrite(checkpoint.path, path, config, packed)
+    expected = reference_logits(checkpoint.reference)
+    ours = run_steps(path, TensorParallel())[0]
+    torch.testing.assert_close(ours, expected, rtol=0, atol=CPU_LOGIT_TOLERANCE)
+    two = on_two_ranks(run_steps, [path], tmp_path)
+    torch.testing.assert_close(two[0][path.name][0], ours, rtol=1e-4, atol=1e-4)

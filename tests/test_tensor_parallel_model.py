@@ -69,6 +69,8 @@ def test_each_rank_holds_only_its_shard(two_ranks):
             "layers.0.input_layernorm.weight": (64,),
             "layers.0.self_attn.qkv_proj.weight": (2 * 16 + 2 * 16, 64),  # 2 q heads, 1 kv head
             "layers.0.self_attn.o_proj.weight": (64, 32),
+            "layers.0.self_attn.k_scale": (),  # an FP8 KV cache's scales: every rank's
+            "layers.0.self_attn.v_scale": (),
             "layers.0.post_attention_layernorm.weight": (64,),
             "layers.0.mlp.gate_up_proj.weight": (2 * 64, 64),
             "layers.0.mlp.down_proj.weight": (64, 64),

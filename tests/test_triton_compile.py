@@ -2,6 +2,7 @@
 shapes the launch picks, and fit in the registers: no spills. No GPU is needed: Triton's
 wheel carries NVIDIA's assembler; tests/sm90_compile.py reads its report."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -60,16 +61,25 @@ CASES = [
 ]
 
 
-def job(model: str, dtype: torch.dtype, phase: str, offsets: str) -> dict:
+# An e4m3 KV cache (--kv-cache-dtype fp8) under bf16 activations, as TritonAttention launches
+# it: dots upcast to fp32 (no native operands).
+FP8_CASES = [("llama3-8b", phase) for phase in ("decode", "prefill")]
+FP8_CACHE = {"key_cache_ptr": "*fp8e4nv", "value_cache_ptr": "*fp8e4nv"}
+
+
+def job(model: str, dtype: torch.dtype, phase: str, offsets: str, kv_fp8: bool = False) -> dict:
     num_heads, num_kv_heads, head_dim = SHAPES[model]
     launch = attention_launch(
         8, num_heads, num_kv_heads, head_dim, 1 if phase == "decode" else 512, dtype
     )
+    if kv_fp8:
+        launch = dataclasses.replace(launch, native_dots=False)
     return {
         "kernel": "paged_attention_kernel",
         "dtype": DTYPES[dtype],
-        "constants": launch.constants(16, dtype, CACHE_ELEMENTS[offsets]),
+        "constants": launch.constants(16, dtype, CACHE_ELEMENTS[offsets], kv_fp8),
         "num_warps": launch.num_warps,
+        "pointers": FP8_CACHE if kv_fp8 else {},
     }
 
 
@@ -118,14 +128,17 @@ def quantized_job(name: str) -> dict:
 @pytest.fixture(scope="module")
 def reports() -> dict:
     jobs = [job(*case) for case in CASES]
-    jobs.append(
+    jobs += [job(model, torch.bfloat16, phase, "int32", kv_fp8=True) for model, phase in FP8_CASES]
+    jobs += [
         {
             "kernel": "store_kv_kernel",
             "dtype": "bf16",
-            "constants": store_kv_constants(16, 8, 128),
+            "constants": store_kv_constants(16, 8, 128, kv_fp8),
             "num_warps": 4,
+            "pointers": FP8_CACHE if kv_fp8 else {},
         }
-    )
+        for kv_fp8 in (False, True)
+    ]
     jobs += [
         {"kernel": kernel, "dtype": "bf16", "constants": constants, "num_warps": warps}
         for kernel, (constants, warps) in FUSED.items()
@@ -150,7 +163,8 @@ def reports() -> dict:
         check=True,
     )
     results = json.loads(done.stdout)
-    return dict(zip([*CASES, "store_kv", *FUSED, "merge_splits", *QUANTIZED], results, strict=True))
+    names = [*CASES, *FP8_CASES, "store_kv", "store_kv_fp8", *FUSED, "merge_splits", *QUANTIZED]
+    return dict(zip(names, results, strict=True))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join((c[0], DTYPES[c[1]], *c[2:])))
@@ -158,8 +172,14 @@ def test_attention_fits_in_registers(reports, case):
     assert reports[case]["spill_stores"] == reports[case]["spill_loads"] == 0, reports[case]
 
 
-def test_store_kv_fits_in_registers(reports):
-    assert reports["store_kv"]["spill_stores"] == reports["store_kv"]["spill_loads"] == 0
+@pytest.mark.parametrize("case", FP8_CASES, ids=lambda c: "-".join(c))
+def test_attention_over_an_fp8_cache_compiles_and_fits_in_registers(reports, case):
+    assert reports[case]["spill_stores"] == reports[case]["spill_loads"] == 0, reports[case]
+
+
+@pytest.mark.parametrize("name", ["store_kv", "store_kv_fp8"])
+def test_store_kv_fits_in_registers(reports, name):
+    assert reports[name]["spill_stores"] == reports[name]["spill_loads"] == 0
 
 
 def test_merge_splits_fits_in_registers(reports):

@@ -88,10 +88,11 @@ class ModelRunner:
                 tp.kv_heads(model_config.num_kv_heads),
                 model_config.head_dim,
             )
+            kv_dtype = plan.kv_cache_dtype
             self.kv_caches = [
                 (
-                    torch.zeros(shape, dtype=dtype, device=device),
-                    torch.zeros(shape, dtype=dtype, device=device),
+                    torch.zeros(shape, dtype=kv_dtype, device=device),
+                    torch.zeros(shape, dtype=kv_dtype, device=device),
                 )
                 for _ in range(model_config.num_layers)
             ]

@@ -1,14 +1,30 @@
 """Triton kernels over the paged KV cache: storing new keys/values and flat-batch attention.
 
 Caches are ``[num_blocks, block_size, num_kv_heads, head_dim]`` with a unit stride on the
-last dimension. Loads are upcast to fp32 and the arithmetic runs in fp32 (bf16/fp16
-activations get fp32 accumulation, and the kernels stay correct under Triton's
-interpreter, whose bf16 arithmetic is broken), except the attention dots where a launch
-asks for native operands.
+last dimension, in the activations' dtype or e4m3 (``KV_FP8``: ``layers/attention/fp8_kv``).
+Loads are upcast to fp32 and the arithmetic runs in fp32 (bf16/fp16 activations get fp32
+accumulation, and the kernels stay correct under Triton's interpreter, whose bf16
+arithmetic is broken), except the attention dots where a launch asks for native operands.
 """
 
 import triton
 import triton.language as tl
+
+FP8_MAX: tl.constexpr = tl.constexpr(448.0)
+
+
+@triton.jit
+def round_to_fp8(x):
+    """``x`` (fp32) clamped to ±448 and rounded to the nearest e4m3 value, ties to even, still
+    in fp32, so that the cast to e4m3 after is exact: Triton's interpreter rounds that cast
+    toward zero and loses the carry into the exponent (31.5 became 16). The step between
+    e4m3 values at ``x`` is 2^(exponent - 3), and 2^-9 below 2^-6 (the subnormals); adding
+    and taking off 1.5 * 2^23 rounds ``x / step`` (below 16) to an integer, ties to even."""
+    magnitude = tl.minimum(tl.abs(x), FP8_MAX)
+    exponent = tl.maximum(magnitude.to(tl.int32, bitcast=True) >> 23, 121)
+    step = ((exponent - 3) << 23).to(tl.float32, bitcast=True)
+    rounded = ((magnitude / step + 12582912.0) - 12582912.0) * step
+    return tl.where(x < 0, -rounded, rounded)
 
 
 @triton.jit
@@ -25,14 +41,19 @@ def store_kv_kernel(
     cache_stride_block,
     cache_stride_slot,
     cache_stride_head,
+    k_inv_scale,
+    v_inv_scale,
     BLOCK_SIZE: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     HEAD_PAD: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """One program per token: copies its ``[num_kv_heads, head_dim]`` key and value rows
-    to cache slot ``slot_mapping[token]``. A negative slot (a padding token) is skipped."""
+    to cache slot ``slot_mapping[token]``; with ``KV_FP8``, the key times ``k_inv_scale``
+    and the value times ``v_inv_scale``, rounded to e4m3 (else the scales are unused). A
+    negative slot (a padding token) is skipped."""
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:
@@ -51,6 +72,11 @@ def store_kv_kernel(
     value = tl.load(
         value_ptr + row * value_stride_token + heads * value_stride_head + dims, mask=mask
     )
+    if KV_FP8:
+        key = round_to_fp8(key.to(tl.float32) * k_inv_scale).to(key_cache_ptr.dtype.element_ty)
+        value = round_to_fp8(value.to(tl.float32) * v_inv_scale).to(
+            value_cache_ptr.dtype.element_ty
+        )
     tl.store(key_cache_ptr + cache_offsets, key, mask=mask)
     tl.store(value_cache_ptr + cache_offsets, value, mask=mask)
 
@@ -68,6 +94,7 @@ def paged_attention_kernel(
     query_start_loc_ptr,
     seq_lens_ptr,
     scale,
+    v_scale,
     query_stride_token,
     query_stride_head,
     out_stride_token,
@@ -87,6 +114,7 @@ def paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     NATIVE_DOTS: tl.constexpr,
     WIDE_OFFSETS: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Program ``(seq, kv_head, q_tile * NUM_SPLITS + split)`` attends ``BLOCK_Q`` query
     tokens of sequence ``seq``, for all ``GROUP`` query heads sharing ``kv_head``, over
@@ -109,6 +137,10 @@ def paged_attention_kernel(
     otherwise every operand is upcast to fp32 first. Offsets into the caches are 32-bit unless
     ``WIDE_OFFSETS`` (a cache of ``2**31`` elements or more): half the registers per
     address.
+
+    ``KV_FP8``: the caches are e4m3, upcast to fp32 as they load (never native dots); the
+    keys' scale comes folded into ``scale`` and the values' is ``v_scale``, applied to the
+    output once (unused otherwise).
     """
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     seq = tl.program_id(0)
@@ -183,6 +215,8 @@ def paged_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    if KV_FP8:
+        acc = acc * v_scale
     if NUM_SPLITS == 1:
         acc = acc / tl.where(row_valid, l_i, 1.0)[:, None]
         out_offsets = tokens[:, None] * out_stride_token + head[:, None] * out_stride_head

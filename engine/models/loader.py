@@ -32,6 +32,12 @@ _FUSED: dict[str, tuple[str, str | int]] = {
     "mlp.gate_proj": ("mlp.gate_up_proj", 0),
     "mlp.up_proj": ("mlp.gate_up_proj", 1),
 }
+# An FP8 KV cache's per-tensor scales as ModelOpt and older exports name them (compressed-
+# tensors writes self_attn.k_scale / v_scale, our own names).
+_KV_SCALES = {
+    "self_attn.k_proj.k_scale": "self_attn.k_scale",
+    "self_attn.v_proj.v_scale": "self_attn.v_scale",
+}
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -61,7 +67,7 @@ def load_model(
     it, then hand every checkpoint tensor, as a safetensors slice, to its parameter's weight
     loader, which reads this rank's shard of it alone; then finish each linear's weights
     (prepacked for the CPU kernels if ``packed``: see ``packed_linear.can_pack``). Fails if
-    a weight is missing or unknown."""
+    a weight is missing (but for an ``optional`` one: an FP8 KV cache's scales) or unknown."""
     path = Path(path)
     with torch.device(device), _default_dtype(dtype):
         model = registry.model_class(cfg.architecture)(cfg, backend, max_positions, tp)
@@ -100,7 +106,11 @@ def load_model(
     if tied:
         model.lm_head.tie(model.embed_tokens)
         loaded["lm_head.weight"] = loaded["embed_tokens.weight"]
-    missing = [n for n, p in params.items() if loaded[n] != getattr(p, "shard_ids", {None})]
+    missing = [
+        n
+        for n, p in params.items()
+        if loaded[n] != getattr(p, "shard_ids", {None}) and not getattr(p, "optional", False)
+    ]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(missing[:5])}")
     model.rotary.build(dtype, device)
@@ -152,6 +162,7 @@ def _target(name: str) -> tuple[str, str | int | None]:
     if match is None:
         return name.removeprefix("model."), None
     layer, rest = match.groups()
+    rest = _KV_SCALES.get(rest, rest)
     module, _, kind = rest.rpartition(".")
     if module in _FUSED:
         target, shard_id = _FUSED[module]

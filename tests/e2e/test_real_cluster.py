@@ -34,6 +34,8 @@ NODE_SETTINGS = {
     "KVSERVE_NODE_API_SERVICE_IP": "10.98.0.1",
 }
 """A node of its own (namespace, addresses, cgroup root), apart from the node tests' one."""
+NO_DNS = "[Errno -3] Temporary failure in name resolution"
+"""The node has no cluster DNS: a pod's resolv.conf names 127.0.0.1, where nothing answers."""
 
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
@@ -43,7 +45,8 @@ pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reaso
 def context(kube_tools: KubeTools, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Context]:
     with real_node(kube_tools, tmp_path_factory.mktemp("node"), NODE_SETTINGS) as cluster:
         yield Context(cluster, image="localhost/kvserve:dev", pull_policy="Never",
-                      inference_pool_crd=inference_pool_crd(for_1_20=True))  # fmt: skip
+                      inference_pool_crd=inference_pool_crd(for_1_20=True),
+                      name_resolution_error=NO_DNS)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import copy
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -393,11 +394,11 @@ def test_delete_leaves_nothing_behind(plane: ControlPlane, operator: Operator, k
     wait_for(nothing_left, "the garbage collector to remove every child")
 
 
-def test_a_crash_looping_pod_turns_model_loaded_false(
+def test_a_crash_looping_pod_turns_model_loaded_false_with_one_event(
     plane: ControlPlane, operator: Operator, kube: Kube
 ) -> None:
     """Only the pod's status changes (the Deployment's stays at 0 ready): the operator's pod
-    watch refreshes the condition."""
+    watch refreshes the condition, and posts one Warning Event, not one per restart."""
     ns = namespace(plane, "crash")
     apply_yaml(plane, ns, load_sample("cpu-demo.yaml"))
     core = client.CoreV1Api(plane.admin_client())
@@ -405,24 +406,39 @@ def test_a_crash_looping_pod_turns_model_loaded_false(
     loading = wait_for(lambda: condition(llmd(kube, ns, "cpu-demo"), "ModelLoaded"), "ModelLoaded")
     assert (loading["status"], loading["reason"]) == ("Unknown", "Loading")
     victim = sorted(p.metadata.name for p in pods)[0]
-    ended = {"exitCode": 1, "reason": "Error", "message": "loading\nValueError: bad config\n",
-             "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:04Z"}  # fmt: skip
-    server = {"name": "server", "ready": False, "restartCount": 2, "image": "kvserve:test",
-              "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-              "lastState": {"terminated": ended}}  # fmt: skip
-    body = {"status": {"phase": "Running", "containerStatuses": [server]}}
-    core.patch_namespaced_pod_status(victim, ns, body)
-    failed = wait_for(
-        lambda: (
-            (c := condition(llmd(kube, ns, "cpu-demo"), "ModelLoaded"))["status"] == "False" and c
-        ),
-        "ModelLoaded False",
-    )
-    assert (failed["reason"], failed["message"]) == (
-        "Error",
+
+    def crashed(restarts: int) -> dict[str, Any]:
+        """The condition once the server of ``victim`` crashed ``restarts`` times."""
+        ended = {"exitCode": 1, "reason": "Error",
+                 "message": "loading\nValueError: bad config\n",
+                 "startedAt": "2026-01-01T00:00:00Z",
+                 "finishedAt": "2026-01-01T00:00:04Z"}  # fmt: skip
+        server = {"name": "server", "ready": False, "restartCount": restarts,
+                  "image": "kvserve:test", "imageID": "",
+                  "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                  "lastState": {"terminated": ended}}  # fmt: skip
+        body = {"status": {"phase": "Running", "containerStatuses": [server]}}
+        core.patch_namespaced_pod_status(victim, ns, body)
+        quoted = f"restarted {restarts} times"
+        return wait_for(
+            lambda: (
+                (c := condition(llmd(kube, ns, "cpu-demo"), "ModelLoaded")) is not None
+                and quoted in c["message"]
+                and c
+            ),
+            f"ModelLoaded quoting {restarts} restarts",
+        )
+
+    failed = crashed(2)
+    message = (
         f"1/2 pods failed to load; {victim}: container server exited with code 1 (Error), "
-        "restarted 2 times: loading | ValueError: bad config",
+        "restarted 2 times: loading | ValueError: bad config"
     )
+    assert (failed["status"], failed["reason"], failed["message"]) == ("False", "Error", message)
+    warning = [{"type": "Warning", "reason": "Error", "message": message}]
+    assert wait_for(lambda: events_for(plane, ns, "cpu-demo"), "the Event") == warning
+    assert crashed(3)["message"] == message.replace("restarted 2", "restarted 3")
+    assert events_for(plane, ns, "cpu-demo") == warning
     plane.kubectl("delete", "llmd", "cpu-demo", "-n", ns)
 
 

@@ -108,16 +108,25 @@ def test_out_of_memory_while_running_again() -> None:
     )
 
 
-def test_a_failed_download_and_an_image_that_cannot_be_pulled() -> None:
-    failed = {"state": {"terminated": {"exitCode": 1, "reason": "Error",
-                                       "message": "401 Client Error: Unauthorized"}}}  # fmt: skip
+def test_a_failed_download_quotes_the_line_naming_its_cause() -> None:
+    """The message is what fetch_model writes to the termination log (test_operator_fetch_model
+    checks the line; tests/e2e sees the kubelet carry it)."""
+    line = (
+        "cannot download org/name from http://hub.invalid: [Errno -3] Temporary "
+        "failure in name resolution (raised as LocalEntryNotFoundError)\n"
+    )
+    failed = crashed(1, "Error", line, restarts=2)
     waiting = {"state": {"waiting": {"reason": "PodInitializing"}}}
     assert model_load([pod("demo-a", server=waiting, fetch=failed)]) == ModelLoad(
         False,
-        "Error",
-        "1/1 pods failed to load; demo-a: container fetch-model exited with code 1 (Error): "
-        "401 Client Error: Unauthorized",
+        "DownloadFailed",
+        "1/1 pods failed to load; demo-a: container fetch-model exited with code 1 (Error), "
+        "restarted 2 times: cannot download org/name from http://hub.invalid: [Errno -3] "
+        "Temporary failure in name resolution (raised as LocalEntryNotFoundError)",
     )
+
+
+def test_an_image_that_cannot_be_pulled() -> None:
     pull = {"state": {"waiting": {"reason": "ImagePullBackOff",
                                   "message": 'Back-off pulling image "kvserve:nope"'}}}  # fmt: skip
     assert model_load([pod("demo-a", server=pull)]) == ModelLoad(

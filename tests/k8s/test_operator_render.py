@@ -7,7 +7,7 @@ import kubernetes_validate
 import pytest
 
 from k8s.support import CHILD_LABELS as LABELS
-from k8s.support import K8S_SCHEMA_VERSION, OWNER_REF, SAMPLES, owner
+from k8s.support import K8S_SCHEMA_VERSION, OWNER_REF, ROOT, SAMPLES, owner
 from kvserve.operator.children import desired_children, desired_replicas, obsolete_children
 from kvserve.operator.deployment import FETCH_SCRIPT, serve_args
 from kvserve.operator.discovery import ClusterApis
@@ -91,12 +91,14 @@ def test_hf_gpu_deployment_exact(hf_owner: dict[str, Any]) -> None:
                                         "secretKeyRef": {"name": "hf-token", "key": "token"}
                                     },
                                 },
+                                {"name": "KVSERVE_SEED", "value": "1"},
                             ],
                             "securityContext": HARDENED,
                             "volumeMounts": [
                                 {"name": "model", "mountPath": "/models"},
                                 {"name": "tmp", "mountPath": "/tmp"},
                             ],
+                            "terminationMessagePolicy": "FallbackToLogsOnError",
                         }
                     ],
                     "containers": [
@@ -180,13 +182,29 @@ def test_hf_gpu_deployment_exact(hf_owner: dict[str, Any]) -> None:
     }
 
 
-def test_fetch_script_downloads_into_the_model_directory() -> None:
-    assert FETCH_SCRIPT == (
-        "import sys\n"
-        "from huggingface_hub import snapshot_download\n"
-        "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, "
-        "local_dir=sys.argv[3])\n"
-    )
+def test_the_fetch_script_is_fetch_model_and_imports_nothing_of_kvserve() -> None:
+    assert (ROOT / "operator" / "fetch_model.py").read_text() == FETCH_SCRIPT
+    imported = [
+        line.split()[1]
+        for line in FETCH_SCRIPT.splitlines()
+        if line.startswith(("import ", "from "))
+    ]
+    assert imported == ["sys", "traceback", "pathlib", "huggingface_hub"]
+
+
+def test_spec_env_reaches_the_download_and_replaces_its_own(hf_owner: dict[str, Any]) -> None:
+    hf_owner["spec"]["env"] = [
+        {"name": "HF_ENDPOINT", "value": "http://hub.invalid"},
+        {"name": "HF_HOME", "value": "/tmp/hub"},
+    ]
+    pod = render(hf_owner)["Deployment"]["spec"]["template"]["spec"]
+    (fetch,) = pod["initContainers"]
+    assert [(e["name"], e.get("value")) for e in fetch["env"]] == [
+        ("HOME", "/tmp"),
+        ("HF_HOME", "/tmp/hub"),
+        ("HF_TOKEN", None),
+        ("HF_ENDPOINT", "http://hub.invalid"),
+    ]
 
 
 def test_cpu_model_in_image() -> None:

@@ -103,10 +103,19 @@ def test_no_deployment_and_no_ready_pods() -> None:
     assert conditions(pending)[0] == ("Available", "False", "NoReplicasReady", "0/2 replicas ready")
 
 
-def test_scaled_to_zero_is_ready() -> None:
+def test_scaled_to_zero_is_a_phase_of_its_own() -> None:
     status = build_status(owner("cpu-demo.yaml"), deployment(0, 0, 0, 0))
-    assert status["phase"] == "Ready"
-    assert conditions(status)[0] == ("Available", "False", "ScaledToZero", "0 replicas wanted")
+    assert (status["phase"], status["replicas"], status["readyReplicas"]) == ("ScaledToZero", 0, 0)
+    assert conditions(status) == [
+        ("Available", "False", "ScaledToZero", "0 replicas wanted"),
+        ("Progressing", "False", "RolloutComplete", "0 replicas updated and ready"),
+        ("Degraded", "False", "Reconciled", "the spec is reconciled"),
+        ("ModelLoaded", "Unknown", "NoPods", "no pod runs the model"),
+    ]
+
+
+def test_scaling_to_zero_progresses_until_the_deployment_has_no_pod() -> None:
+    assert build_status(owner("cpu-demo.yaml"), deployment(0, 1, 0, 1))["phase"] == "Progressing"
 
 
 def test_degraded_keeps_counts_of_running_pods() -> None:

@@ -1,7 +1,9 @@
 /* Helpers shared by the CPU kernels: element access for float32 or bfloat16 tensors
- * (is_bf16), and the ISA numbering that Python's cpu_library.ISAS mirrors. */
+ * (is_bf16), the e4m3 rounding of the FP8 KV cache, and the ISA numbering that Python's
+ * cpu_library.ISAS mirrors. */
 #ifndef KVSERVE_CPU_COMMON_H
 #define KVSERVE_CPU_COMMON_H
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -77,6 +79,25 @@ static inline uint16_t f32_to_bf16(float value) {
 /* A value as the tensor's dtype would hold it: float32 unchanged, else rounded to bf16. */
 static inline float round_to(float value, int is_bf16) {
     return is_bf16 ? bf16_to_f32(f32_to_bf16(value)) : value;
+}
+
+/* A float as e4m3 (the fn kind: no infinities) bits: clamped to +-448, rounded to the
+ * nearest, ties to even, as torch converts a clamped float32 (NaN is not expected). Normal
+ * results (2^-6 and up) round away float32's low 20 mantissa bits and rebias the exponent
+ * (127 to 7); smaller ones are multiples of the subnormal step 2^-9. */
+static inline uint8_t f32_to_fp8(float value) {
+    value = value > 448.0f ? 448.0f : value < -448.0f ? -448.0f : value;
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    const uint8_t sign = (uint8_t)((bits >> 24) & 0x80);
+    uint32_t magnitude = bits & 0x7FFFFFFFu;
+    if (magnitude >= (121u << 23)) {
+        magnitude += 0x7FFFFu + ((magnitude >> 20) & 1);
+        return sign | (uint8_t)((magnitude >> 20) - (120u << 3));
+    }
+    float small;
+    memcpy(&small, &magnitude, sizeof small);
+    return sign | (uint8_t)rintf(small * 512.0f);
 }
 
 static inline float load(const void *base, int64_t i, int is_bf16) {

@@ -6,7 +6,11 @@
  * q: num_seqs rows of [num_heads, head_dim], q_stride elements apart (a view of the qkv
  * projection's output, say); out: [num_seqs, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads,
  * head_dim]; tables: [num_seqs, table_stride] int32; seq_lens: [num_seqs] int32. Elements
- * are float32 or bfloat16 bits (is_bf16); head_dim must be a multiple of 16.
+ * are float32 or bfloat16 bits (is_bf16); head_dim must be a multiple of 16. With kv_fp8 the
+ * caches are e4m3 bytes standing for stored * k_scale (keys) and stored * v_scale (values):
+ * k_scale is folded into the softmax scale and v_scale into the output, each block's rows
+ * widened to float32 once (decode_pass); bf16_dots does not take them. The scales are
+ * ignored without kv_fp8.
  *
  * The work items are (sequence, range of its tokens), every head of whole cache rows: whole
  * contexts when the batch holds enough tokens to keep every thread busy, else each context
@@ -32,7 +36,9 @@ struct decode_args {
     int64_t q_stride; /* elements from one sequence's query row to the next */
     int num_seqs, num_heads, num_kv_heads, head_dim, block_size, table_stride, is_bf16;
     int bf16_dots; /* grouped kv heads take decode_dots (cpu_decode_isa.h) */
-    float scale;
+    int kv_fp8;    /* e4m3 caches */
+    float scale;   /* the softmax scale times k_scale */
+    float v_scale; /* the outputs' factor: 1 for a 16-bit cache */
 };
 
 /* Tokens per block of the context (cpu_decode_isa.h): 4 measured fastest of 2-16 on an
@@ -87,7 +93,7 @@ static void decode_merge(const struct decode_args *a, int s, const float *partia
         for (int i = 0; i < hd; i++) {
             float value = 0.0f;
             for (int r = 0; r < ranges; r++) value += weights[r] * first[r * range_stride + i];
-            store(a->out, out + i, a->is_bf16, value / sum);
+            store(a->out, out + i, a->is_bf16, value / sum * a->v_scale);
         }
     }
 }
@@ -105,14 +111,16 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
                  const int32_t *tables, const int32_t *seq_lens, void *out, int64_t q_stride,
                  int num_seqs,
                  int num_heads, int num_kv_heads, int head_dim, int block_size, int table_stride,
-                 float scale, int is_bf16, int bf16_dots, int num_threads, int isa) {
+                 float scale, int is_bf16, int bf16_dots, int kv_fp8, float k_scale,
+                 float v_scale, int num_threads, int isa) {
     if (head_dim % 16 != 0 || !isa_usable(isa)) return -1;
-    if (bf16_dots && !(is_bf16 && isa == ISA_AVX512 && dpbf16_usable())) return -1;
+    if (bf16_dots && !(is_bf16 && !kv_fp8 && isa == ISA_AVX512 && dpbf16_usable())) return -1;
     const decode_item_fn item = PICK(decode_item, isa);
-    const struct decode_args a = {q,         key_cache,  value_cache,  tables,    seq_lens,
-                                  out,       q_stride,   num_seqs,     num_heads, num_kv_heads,
-                                  head_dim,  block_size, table_stride, is_bf16,   bf16_dots,
-                                  scale};
+    const struct decode_args a = {q,          key_cache,    value_cache, tables,
+                                  seq_lens,   out,          q_stride,    num_seqs,
+                                  num_heads,  num_kv_heads, head_dim,    block_size,
+                                  table_stride, is_bf16,    bf16_dots,   kv_fp8,
+                                  kv_fp8 ? scale * k_scale : scale, kv_fp8 ? v_scale : 1.0f};
     /* About four items per thread: each context in equal ranges of at most `span` tokens,
      * whole where it is no longer (so a large batch runs one item per sequence). */
     int64_t total = 0;
@@ -142,6 +150,7 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
         }
     }
     size_t scratch_floats = (size_t)num_heads * max_len + 2 * (size_t)num_heads * head_dim;
+    if (kv_fp8) scratch_floats += (size_t)DECODE_BLOCK * num_kv_heads * head_dim;
     const size_t dots_floats = DOTS_SCRATCH(num_heads, num_kv_heads, max_len, head_dim);
     if (bf16_dots && dots_floats > scratch_floats) scratch_floats = dots_floats;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)

@@ -8,7 +8,9 @@
  * bfloat16 pair is one vector of VEC 32-bit words, each holding two bf16 values: shifted up
  * 16 bits it gives the even dims as floats, masked the odd ones, so the query and the
  * accumulators are kept in that order (`lane`) and nothing is widened element by element.
- * A head_dim that is not a multiple of 2 VEC leaves one vector at the end, read plainly. */
+ * A head_dim that is not a multiple of 2 VEC leaves one vector at the end, read plainly.
+ * An e4m3 cache's block of rows is first widened to float32 (widen_rows) and read as
+ * float32 from there. */
 
 /* Where dim i of a head (head_dim hd) sits in the query and accumulator scratch. */
 static inline int FN(lane)(int i, int hd, int is_bf16) {
@@ -101,6 +103,21 @@ static inline __attribute__((always_inline)) void FN(block_rows)(const struct de
     }
 }
 
+/* The n rows at element offsets rows[] of an e4m3 cache, widened into `wide` (n rows of
+ * row_len floats, a multiple of 16 long); rows[] become their offsets there. */
+static inline __attribute__((always_inline)) const float *FN(widen_rows)(const void *cache,
+                                                                         int64_t *rows, int n,
+                                                                         int row_len,
+                                                                         float *wide) {
+    for (int j = 0; j < n; j++) {
+        float *row = wide + (int64_t)j * row_len;
+        for (int e = 0; e < row_len; e += VEC)
+            STOREV(row + e, FN(load_fp8)((const uint8_t *)cache + rows[j], e));
+        rows[j] = (int64_t)j * row_len;
+    }
+    return wide;
+}
+
 /* Head h's len scores p become their softmax numerators, exp(p - max). A whole context
  * (partial NULL) gets back 1 / their sum, to normalise them by; a range stores its max and
  * sum after its row of partial sums (decode_merge) and gets back 1. */
@@ -117,26 +134,31 @@ static inline float FN(softmax_numerators)(float *p, int len, float *partial, in
     return 1.0f;
 }
 
+/* is_bf16: the query's and output's dtype; kv_fp8: e4m3 caches (else in that dtype). Both
+ * constants once inlined; `pairs` (the cache read as bf16 pairs) follows from them. */
 static inline __attribute__((always_inline)) void FN(decode_pass)(const struct decode_args *a,
                                                                   int s, int begin, int end,
                                                                   float *scratch, float *partial,
-                                                                  int is_bf16) {
+                                                                  int is_bf16, int kv_fp8) {
     const int group = a->num_heads / a->num_kv_heads, hd = a->head_dim, heads = a->num_heads;
-    const int len = end - begin, size = is_bf16 ? 2 : 4;
+    const int len = end - begin, size = kv_fp8 ? 1 : is_bf16 ? 2 : 4;
+    const int pairs = is_bf16 && !kv_fp8, row_len = a->num_kv_heads * hd;
     const int32_t *table = a->tables + (int64_t)s * a->table_stride;
     float *scores = scratch, *acc = scratch + (int64_t)heads * len, *qf = acc + heads * hd;
+    float *wide = qf + heads * hd; /* kv_fp8: a block's rows as float32 */
     const int64_t q_offset = s * a->q_stride, out_offset = (int64_t)s * heads * hd;
     for (int h = 0; h < heads; h++)
         for (int i = 0; i < hd; i++)
-            qf[h * hd + FN(lane)(i, hd, is_bf16)] = load(a->q, q_offset + h * hd + i, is_bf16) * a->scale;
+            qf[h * hd + FN(lane)(i, hd, pairs)] = load(a->q, q_offset + h * hd + i, is_bf16) * a->scale;
     int64_t rows[DECODE_BLOCK];
     for (int t0 = 0; t0 < len; t0 += DECODE_BLOCK) {
         const int n = len - t0 < DECODE_BLOCK ? len - t0 : DECODE_BLOCK;
         FN(block_rows)(a, table, begin + t0, n, end, a->key_cache, size, rows);
+        const void *keys = kv_fp8 ? FN(widen_rows)(a->key_cache, rows, n, row_len, wide) : a->key_cache;
         for (int j = 0; j < n; j++)
             for (int h = 0; h < heads; h++)
                 scores[(int64_t)h * len + t0 + j] =
-                    FN(dot)(qf + h * hd, a->key_cache, rows[j] + (int64_t)(h / group) * hd, hd, is_bf16);
+                    FN(dot)(qf + h * hd, keys, rows[j] + (int64_t)(h / group) * hd, hd, pairs);
     }
     for (int h = 0; h < heads; h++) {
         float *p = scores + (int64_t)h * len;
@@ -148,25 +170,27 @@ static inline __attribute__((always_inline)) void FN(decode_pass)(const struct d
     for (int t0 = 0; t0 < len; t0 += DECODE_BLOCK) {
         const int n = len - t0 < DECODE_BLOCK ? len - t0 : DECODE_BLOCK;
         FN(block_rows)(a, table, begin + t0, n, end, a->value_cache, size, rows);
+        const void *values =
+            kv_fp8 ? FN(widen_rows)(a->value_cache, rows, n, row_len, wide) : a->value_cache;
         for (int h = 0; h < heads; h++) {
             const int64_t offset = (int64_t)(h / group) * hd;
             const float *p = scores + (int64_t)h * len + t0;
             float *out = acc + h * hd;
             int d = 0;
             for (; d + 4 * VEC <= hd; d += 4 * VEC)
-                FN(add_values)(a->value_cache, rows, offset + d, p, n, out + d, 2, is_bf16);
+                FN(add_values)(values, rows, offset + d, p, n, out + d, 2, pairs);
             for (; d + 2 * VEC <= hd; d += 2 * VEC)
-                FN(add_values)(a->value_cache, rows, offset + d, p, n, out + d, 1, is_bf16);
-            if (d < hd) FN(add_value_tail)(a->value_cache, rows, offset + d, p, n, out + d, is_bf16);
+                FN(add_values)(values, rows, offset + d, p, n, out + d, 1, pairs);
+            if (d < hd) FN(add_value_tail)(values, rows, offset + d, p, n, out + d, pairs);
         }
     }
     for (int h = 0; h < heads; h++)
         for (int i = 0; i < hd; i++) {
-            const float value = acc[h * hd + FN(lane)(i, hd, is_bf16)];
+            const float value = acc[h * hd + FN(lane)(i, hd, pairs)];
             if (partial != NULL)
                 partial[(int64_t)h * (hd + 2) + i] = value;
             else
-                store(a->out, out_offset + h * hd + i, is_bf16, value);
+                store(a->out, out_offset + h * hd + i, is_bf16, value * a->v_scale);
         }
 }
 
@@ -242,13 +266,18 @@ static void FN(decode_dots)(const struct decode_args *a, int s, int begin, int e
  * num_heads * (end - begin) scores, then num_heads * head_dim accumulators and as many
  * scaled queries. partial: NULL when the range is the whole context (the output is
  * written), else num_heads rows of head_dim unnormalised sums (in dim order), the scores'
- * max and the sum of their exponentials, for decode_merge. */
+ * max and the sum of their exponentials, for decode_merge. With kv_fp8, scratch also holds
+ * DECODE_BLOCK widened rows after the scaled queries. */
 static void FN(decode_item)(const struct decode_args *a, int s, int begin, int end,
                             float *scratch, float *partial) {
     if (a->bf16_dots && a->num_heads >= DOTS_MIN_GROUP * a->num_kv_heads)
         FN(decode_dots)(a, s, begin, end, scratch, partial);
+    else if (a->kv_fp8 && a->is_bf16)
+        FN(decode_pass)(a, s, begin, end, scratch, partial, 1, 1);
+    else if (a->kv_fp8)
+        FN(decode_pass)(a, s, begin, end, scratch, partial, 0, 1);
     else if (a->is_bf16)
-        FN(decode_pass)(a, s, begin, end, scratch, partial, 1);
+        FN(decode_pass)(a, s, begin, end, scratch, partial, 1, 0);
     else
-        FN(decode_pass)(a, s, begin, end, scratch, partial, 0);
+        FN(decode_pass)(a, s, begin, end, scratch, partial, 0, 0);
 }

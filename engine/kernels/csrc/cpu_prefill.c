@@ -8,7 +8,11 @@
  * query_lens[s] on; caches: [num_blocks, block_size, num_kv_heads, head_dim]; tables:
  * [num_seqs, table_stride] int32. Elements are float32 or bfloat16 bits (is_bf16).
  * head_dim must be a multiple of 16. bf16_dots (bf16 on the AVX-512 path of a CPU with
- * AVX-512-BF16 only): both products as bf16 dot products (cpu_prefill_isa.h).
+ * AVX-512-BF16 only): both products as bf16 dot products (cpu_prefill_isa.h). kv_fp8: the
+ * caches are e4m3 bytes standing for stored * k_scale (keys) and stored * v_scale (values),
+ * widened to float32 as they are packed, k_scale folded into the softmax scale and v_scale
+ * into the outputs' normalisation (not with bf16_dots); without kv_fp8 the scales are
+ * ignored.
  *
  * Two phases on OpenMP threads (torch's, see cpu_decode.c). First every sequence's keys and
  * values are packed once, per kv head, into float32 tiles of KEY_TILE keys (bf16 with
@@ -41,7 +45,9 @@ struct prefill_args {
     const int *first_tiles; /* sequence s's packed tiles start at tile first_tiles[s] */
     void *out;
     int num_heads, num_kv_heads, head_dim, block_size, table_stride, is_bf16, bf16_dots;
-    float scale;
+    int kv_fp8;    /* e4m3 caches */
+    float scale;   /* the softmax scale times k_scale */
+    float v_scale; /* the outputs' factor: 1 for a 16-bit cache */
 };
 
 /* The element where row r of sequence s's chunk (query token r / group, head r % group of
@@ -67,10 +73,11 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
                   const int32_t *tables, const int32_t *seq_lens, const int32_t *query_starts,
                   const int32_t *query_lens, void *out, int num_seqs, int num_heads,
                   int num_kv_heads, int head_dim, int block_size, int table_stride, float scale,
-                  int is_bf16, int bf16_dots, int num_threads, int isa) {
+                  int is_bf16, int bf16_dots, int kv_fp8, float k_scale, float v_scale,
+                  int num_threads, int isa) {
     if (head_dim % 16 != 0) return -1;
     if (!isa_usable(isa)) return -1;
-    if (bf16_dots && !(is_bf16 && isa == ISA_AVX512 && dpbf16_usable())) return -1;
+    if (bf16_dots && !(is_bf16 && !kv_fp8 && isa == ISA_AVX512 && dpbf16_usable())) return -1;
     const pack_tile_fn pack = PICK(pack_tile, isa);
     const prefill_item_fn item = PICK(prefill_item, isa);
     const int item_rows = PICK(item_rows, isa)(), group = num_heads / num_kv_heads;
@@ -109,11 +116,12 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
             }
     }
     qsort(items, n, sizeof items[0], most_keys_first);
-    const struct prefill_args a = {q,         key_cache,    value_cache, tables,
-                                   seq_lens,  query_starts, query_lens,  first_tiles,
-                                   out,       num_heads,    num_kv_heads, head_dim,
-                                   block_size, table_stride, is_bf16,    bf16_dots,
-                                   scale};
+    const struct prefill_args a = {q,          key_cache,    value_cache,  tables,
+                                   seq_lens,   query_starts, query_lens,   first_tiles,
+                                   out,        num_heads,    num_kv_heads, head_dim,
+                                   block_size, table_stride, is_bf16,      bf16_dots,
+                                   kv_fp8,     kv_fp8 ? scale * k_scale : scale,
+                                   kv_fp8 ? v_scale : 1.0f};
     /* an item's queries and outputs transposed, one tile's scores and their bf16 pairs; first,
      * a tile's values on their way to being transposed */
     const size_t item_floats = (2 * (size_t)head_dim + KEY_TILE + KEY_TILE / 2) * item_rows;

@@ -18,10 +18,11 @@ static int FN(item_rows)(void) { return NR; }
 
 /* Packs key tile `tile` of one kv head of sequence s (keys from KEY_TILE * tile on, up to
  * the sequence's last) into kp [KEY_TILE][head_dim] and vt [head_dim][KEY_TILE]
- * (transposed: the output's rows are the value dims), as float32, or with bf16_dots as bf16
- * with an odd count's next value 0 (the dot products read keys in pairs); nothing past
- * that (no item reads it). Each cache row is copied whole (a vector copy or conversion), the
- * values into `buffer` (KEY_TILE * head_dim floats), transposed from there into vt. */
+ * (transposed: the output's rows are the value dims), as float32 (an e4m3 cache's widened),
+ * or with bf16_dots as bf16 with an odd count's next value 0 (the dot products read keys in
+ * pairs); nothing past that (no item reads it). Each cache row is copied whole (a vector
+ * copy or conversion), the values into `buffer` (KEY_TILE * head_dim floats), transposed
+ * from there into vt. */
 static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int tile, float *kp,
                           float *buffer) {
     const int hd = a->head_dim, row_len = a->num_kv_heads * hd;
@@ -32,7 +33,12 @@ static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int 
     for (int j = 0; j < keys; j++) {
         const int64_t offset = row_offset(table, tile * KEY_TILE + j, a->block_size, row_len) +
                                (int64_t)kv_head * hd;
-        if (widen) {
+        if (a->kv_fp8) {
+            const uint8_t *kb = (const uint8_t *)a->key_cache + offset;
+            const uint8_t *vb = (const uint8_t *)a->value_cache + offset;
+            for (int d = 0; d < hd; d += VEC) STOREV(kp + j * hd + d, FN(load_fp8)(kb, d));
+            for (int d = 0; d < hd; d += VEC) STOREV(buffer + j * hd + d, FN(load_fp8)(vb, d));
+        } else if (widen) {
             const uint16_t *kb = (const uint16_t *)a->key_cache + offset;
             const uint16_t *vb = (const uint16_t *)a->value_cache + offset;
             float *k = kp + j * hd, *v = buffer + j * hd;
@@ -187,7 +193,7 @@ static inline __attribute__((always_inline)) void FN(item_lanes)(const struct pr
         }
     }
     float inv[NR];
-    for (int c = 0; c < vecs; c++) STOREV(inv + VEC * c, 1.0f / row_sum[c]);
+    for (int c = 0; c < vecs; c++) STOREV(inv + VEC * c, a->v_scale / row_sum[c]);
     for (int c = 0; c < rows; c++) {
         const int64_t offset = row_element(a, s, kv_head, row0 + c);
         for (int d = 0; d < hd; d++) store(a->out, offset + d, a->is_bf16, ot[d * NR + c] * inv[c]);

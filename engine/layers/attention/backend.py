@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from kvserve.engine.config import ATTENTION_BACKENDS
+from kvserve.engine.layers.attention.fp8_kv import UNIT_SCALES, KVScales
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -15,8 +16,10 @@ class AttentionBackend(ABC):
     """Paged attention over a flat batch.
 
     Caches are per layer, shaped ``[num_blocks, block_size, num_kv_heads,
-    head_dim]``. Every implementation must give the same results as the torch
-    one (the reference), for any GQA ratio, ragged batch and block table.
+    head_dim]``, in the model's dtype or as e4m3 (``fp8_kv``: stored ``x / scale``, read
+    ``stored * scale`` with the layer's ``kv_scales``, which a 16-bit cache ignores). Every
+    implementation must give the same results as the torch one (the reference), for any
+    GQA ratio, ragged batch and block table.
     """
 
     name: str
@@ -29,6 +32,7 @@ class AttentionBackend(ABC):
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        kv_scales: KVScales = UNIT_SCALES,
     ) -> None:
         """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into their slots."""
 
@@ -40,6 +44,7 @@ class AttentionBackend(ABC):
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        kv_scales: KVScales = UNIT_SCALES,
     ) -> torch.Tensor:
         """Causal attention of ``query`` ``[num_tokens, num_heads, head_dim]`` over each
         sequence's cached context; returns ``[num_tokens, num_heads, head_dim]``."""

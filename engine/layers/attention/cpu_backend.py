@@ -6,12 +6,16 @@ per sequence) and ``csrc/cpu_prefill.c`` (causal chunks, all of a step's in one 
 keys and values in place through the block tables instead, on torch's own OpenMP threads
 (see ``cpu_library``). Head sizes that are not a multiple of 16 take the torch path.
 ``csrc/cpu_store_kv.c`` writes a step's new keys and values straight from the strided views
-of the qkv projection, one row copy per token.
+of the qkv projection, one row copy per token. An e4m3 cache (``fp8_kv``) is written and read
+by the same kernels, each in a variant of its own (a branch outside the 16-bit loops): the
+store rounds each element, decode widens each block of rows to float32 as it reads it,
+prefill as it packs its tiles; neither takes bf16 dot products then.
 """
 
 import torch
 
 from kvserve.engine.kernels import cpu_library
+from kvserve.engine.layers.attention.fp8_kv import FP8, UNIT_SCALES, KVScales, is_fp8
 from kvserve.engine.layers.attention.torch_backend import TorchAttention
 from kvserve.engine.layers.cpu_linear import dpbf16_linear
 from kvserve.engine.layers.fused_ops import rows_of_heads
@@ -35,10 +39,11 @@ class CPUAttention(TorchAttention):
             bf16_dots = self.isa == "avx512" and dpbf16_linear.can_use(torch.bfloat16, cpu)
         self.bf16_dots = bf16_dots
 
-    def store_kv(self, key, value, key_cache, value_cache, slot_mapping):
+    def store_kv(self, key, value, key_cache, value_cache, slot_mapping, kv_scales=UNIT_SCALES):
         if not (
             key.dtype in DTYPES
-            and key.dtype == value.dtype == key_cache.dtype == value_cache.dtype
+            and key.dtype == value.dtype
+            and key_cache.dtype == value_cache.dtype in (key.dtype, FP8)
             and key_cache.device.type == "cpu"
             and rows_of_heads(key)
             and rows_of_heads(value)
@@ -47,7 +52,7 @@ class CPUAttention(TorchAttention):
             and slot_mapping.dtype == torch.int64
             and slot_mapping.is_contiguous()
         ):
-            super().store_kv(key, value, key_cache, value_cache, slot_mapping)
+            super().store_kv(key, value, key_cache, value_cache, slot_mapping, kv_scales)
             return
         cpu_library.run(
             "store_kv",
@@ -61,12 +66,24 @@ class CPUAttention(TorchAttention):
             key_stride=key.stride(0),
             value_stride=value.stride(0),
             is_bf16=DTYPES[key.dtype],
+            kv_fp8=int(is_fp8(key_cache)),
+            k_inv_scale=1.0 / kv_scales.k,
+            v_inv_scale=1.0 / kv_scales.v,
             num_threads=torch.get_num_threads(),
         )
 
-    def _decode(self, query, key_cache, value_cache, meta, seqs: list[int], scale: float):
+    def _decode(
+        self,
+        query,
+        key_cache,
+        value_cache,
+        meta,
+        seqs: list[int],
+        scale: float,
+        kv_scales: KVScales,
+    ):
         if not _kernels_take(query, key_cache):
-            return super()._decode(query, key_cache, value_cache, meta, seqs, scale)
+            return super()._decode(query, key_cache, value_cache, meta, seqs, scale, kv_scales)
         tables, seq_lens = _sequences(meta, seqs)
         if not rows_of_heads(query):
             query = query.contiguous()
@@ -82,14 +99,26 @@ class CPUAttention(TorchAttention):
             q_stride=query.stride(0),
             num_seqs=len(seqs),
             scale=scale,
+            kv_scales=kv_scales,
         )
         return out
 
     def _prefill_chunks(
-        self, query, out, key_cache, value_cache, meta, seqs: list[int], starts, scale: float
+        self,
+        query,
+        out,
+        key_cache,
+        value_cache,
+        meta,
+        seqs: list[int],
+        starts,
+        scale: float,
+        kv_scales: KVScales,
     ) -> None:
         if not _kernels_take(query, key_cache):
-            super()._prefill_chunks(query, out, key_cache, value_cache, meta, seqs, starts, scale)
+            super()._prefill_chunks(
+                query, out, key_cache, value_cache, meta, seqs, starts, scale, kv_scales
+            )
             return
         if not seqs:
             return
@@ -110,6 +139,7 @@ class CPUAttention(TorchAttention):
             out=out.data_ptr(),
             num_seqs=len(seqs),
             scale=scale,
+            kv_scales=kv_scales,
         )
 
     def _run(
@@ -119,12 +149,15 @@ class CPUAttention(TorchAttention):
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         tables: torch.Tensor,
+        kv_scales: KVScales,
         **args: int | float,
     ) -> None:
         """Attention kernel ``kernel`` on ``args`` and what both take alike: the query, the
-        caches and block tables with their geometry, the dtype, whether bf16 dot products
-        are taken, torch's thread count and this SIMD path."""
+        caches and block tables with their geometry, the dtype, whether the caches are e4m3
+        (and their scales), whether bf16 dot products are taken (never over e4m3), torch's
+        thread count and this SIMD path."""
         _, num_heads, head_dim = query.shape
+        fp8 = is_fp8(key_cache)
         cpu_library.run(
             kernel,
             q=query.data_ptr(),
@@ -137,7 +170,10 @@ class CPUAttention(TorchAttention):
             block_size=key_cache.shape[1],
             table_stride=tables.shape[1],
             is_bf16=DTYPES[query.dtype],
-            bf16_dots=int(self.bf16_dots and query.dtype == torch.bfloat16),
+            bf16_dots=int(self.bf16_dots and query.dtype == torch.bfloat16 and not fp8),
+            kv_fp8=int(fp8),
+            k_scale=kv_scales.k,
+            v_scale=kv_scales.v,
             num_threads=torch.get_num_threads(),
             isa=cpu_library.ISAS[self.isa],
             **args,
@@ -145,9 +181,14 @@ class CPUAttention(TorchAttention):
 
 
 def _kernels_take(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
-    """Whether the C kernels take this step: float32 or bf16 on the CPU, head_dim a
-    multiple of 16."""
-    return query.dtype in DTYPES and key_cache.device.type == "cpu" and query.shape[2] % 16 == 0
+    """Whether the C kernels take this step: float32 or bf16 on the CPU over a cache in
+    that dtype or e4m3, head_dim a multiple of 16."""
+    return (
+        query.dtype in DTYPES
+        and key_cache.dtype in (query.dtype, FP8)
+        and key_cache.device.type == "cpu"
+        and query.shape[2] % 16 == 0
+    )
 
 
 def _sequences(meta, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

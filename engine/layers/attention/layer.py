@@ -3,19 +3,28 @@ or replicated as ``TensorParallel.kv_heads`` says), optional per-head RMSNorm on
 rotary embedding, the paged KV cache through an attention backend, and the output
 projection (row-parallel: one all-reduce)."""
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from kvserve.engine.layers.attention.backend import AttentionBackend
+from kvserve.engine.layers.attention.fp8_kv import KVScales
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.layernorm import RMSNorm
-from kvserve.engine.layers.linear import LinearMethod, QKVParallelLinear, RowParallelLinear
+from kvserve.engine.layers.linear import (
+    LinearMethod,
+    QKVParallelLinear,
+    RowParallelLinear,
+    set_weight_loader,
+)
 from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 """One layer's (key, value) cache of this rank's kv heads:
-``[num_blocks, block_size, kv heads per rank, head_dim]`` each."""
+``[num_blocks, block_size, kv heads per rank, head_dim]`` each, in the model's dtype or
+e4m3 (``fp8_kv``)."""
 
 
 class Attention(nn.Module):
@@ -56,6 +65,29 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.backend = backend
         self.scale = head_dim**-0.5
+        self.kv_scales = KVScales()
+        self.k_scale = self._kv_scale_parameter("k")
+        self.v_scale = self._kv_scale_parameter("v")
+
+    def _kv_scale_parameter(self, which: str) -> nn.Parameter:
+        """The checkpoint's per-tensor scale of an FP8 KV cache's keys (``k``) or values
+        (``v``): optional (a checkpoint without it leaves 1.0), the same on every rank.
+        Loading it also sets ``kv_scales``, the host floats the backend takes each step (no
+        device read in the forward)."""
+        param = nn.Parameter(torch.ones((), dtype=torch.float32), requires_grad=False)
+        param.optional = True  # type: ignore[attr-defined]
+
+        def load(param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+            values = loaded[...].float().reshape(-1)  # shape [] or [1], as exporters write it
+            if values.numel() != 1 or not bool(values[0] > 0) or not values.isfinite().all():
+                raise ValueError(f"a {which}_scale must be one positive number, got {values}")
+            value = float(values[0])
+            with torch.no_grad():
+                param.fill_(value)
+            self.kv_scales = self.kv_scales._replace(**{which: value})
+
+        set_weight_loader(param, load)
+        return param
 
     def forward(
         self,
@@ -75,6 +107,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         key_cache, value_cache = kv_cache
-        self.backend.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
-        out = self.backend.attend(q, key_cache, value_cache, meta, self.scale)
+        scales = self.kv_scales
+        self.backend.store_kv(k, v, key_cache, value_cache, meta.slot_mapping, scales)
+        out = self.backend.attend(q, key_cache, value_cache, meta, self.scale, scales)
         return self.o_proj((out if out_rows is None else out[out_rows]).flatten(1))

@@ -11,6 +11,7 @@ from kvserve.engine.kernels.triton_attention import (
     store_kv_kernel,
 )
 from kvserve.engine.layers.attention.backend import AttentionBackend
+from kvserve.engine.layers.attention.fp8_kv import UNIT_SCALES, KVScales, is_fp8
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 
 MIN_DOT = 16  # tl.dot needs every dimension >= 16 on a GPU
@@ -53,11 +54,11 @@ class AttentionLaunch:
         return (self.num_seqs, self.num_kv_heads, self.q_tiles * self.num_splits)
 
     def constants(
-        self, block_size: int, dtype: torch.dtype, cache_elements: int
+        self, block_size: int, dtype: torch.dtype, cache_elements: int, kv_fp8: bool = False
     ) -> dict[str, int | str]:
-        """The kernel's compile-time arguments for caches of ``block_size`` in ``dtype``
-        holding ``cache_elements`` each (beyond ``INT32_OFFSETS`` they take 64-bit
-        offsets)."""
+        """The kernel's compile-time arguments for ``dtype`` activations over caches of
+        ``block_size`` holding ``cache_elements`` each (beyond ``INT32_OFFSETS`` they take
+        64-bit offsets), e4m3 if ``kv_fp8``."""
         return dict(
             BLOCK_SIZE=block_size,
             GROUP=self.group,
@@ -70,6 +71,7 @@ class AttentionLaunch:
             DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
             NATIVE_DOTS=self.native_dots,
             WIDE_OFFSETS=cache_elements > INT32_OFFSETS,
+            KV_FP8=kv_fp8,
         )
 
 
@@ -125,7 +127,9 @@ def attention_launch(
     )
 
 
-def store_kv_constants(block_size: int, num_kv_heads: int, head_dim: int) -> dict[str, int]:
+def store_kv_constants(
+    block_size: int, num_kv_heads: int, head_dim: int, kv_fp8: bool = False
+) -> dict[str, int]:
     """``store_kv_kernel``'s compile-time arguments."""
     return dict(
         BLOCK_SIZE=block_size,
@@ -133,6 +137,7 @@ def store_kv_constants(block_size: int, num_kv_heads: int, head_dim: int) -> dic
         HEAD_DIM=head_dim,
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         HEAD_PAD=triton.next_power_of_2(head_dim),
+        KV_FP8=kv_fp8,
     )
 
 
@@ -143,7 +148,7 @@ class TritonAttention(AttentionBackend):
 
     name = "triton"
 
-    def store_kv(self, key, value, key_cache, value_cache, slot_mapping):
+    def store_kv(self, key, value, key_cache, value_cache, slot_mapping, kv_scales=UNIT_SCALES):
         num_tokens, num_kv_heads, head_dim = key.shape
         _check_caches(key_cache, value_cache)
         if key.stride(-1) != 1 or value.stride(-1) != 1:
@@ -161,10 +166,14 @@ class TritonAttention(AttentionBackend):
             key_cache.stride(0),
             key_cache.stride(1),
             key_cache.stride(2),
-            **store_kv_constants(key_cache.shape[1], num_kv_heads, head_dim),
+            1.0 / kv_scales.k,
+            1.0 / kv_scales.v,
+            **store_kv_constants(key_cache.shape[1], num_kv_heads, head_dim, is_fp8(key_cache)),
         )
 
-    def attend(self, query, key_cache, value_cache, meta: AttentionMetadata, scale):
+    def attend(
+        self, query, key_cache, value_cache, meta: AttentionMetadata, scale, kv_scales=UNIT_SCALES
+    ):
         num_heads, head_dim = query.shape[1:]
         launch = attention_launch(
             meta.num_seqs,
@@ -174,10 +183,11 @@ class TritonAttention(AttentionBackend):
             meta.max_query_len,
             query.dtype,
         )
-        if query.device.type == "cpu" and query.dtype == torch.bfloat16:
-            # Triton's interpreter multiplies bf16 dot operands as raw 16-bit patterns.
+        if is_fp8(key_cache) or (query.device.type == "cpu" and query.dtype == torch.bfloat16):
+            # e4m3 keys and values are upcast; Triton's interpreter multiplies bf16 dot
+            # operands as raw 16-bit patterns.
             launch = replace(launch, native_dots=False)
-        return paged_attention(launch, query, key_cache, value_cache, meta, scale)
+        return paged_attention(launch, query, key_cache, value_cache, meta, scale, kv_scales)
 
 
 def paged_attention(
@@ -187,14 +197,18 @@ def paged_attention(
     value_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    kv_scales: KVScales = UNIT_SCALES,
 ) -> torch.Tensor:
     """``paged_attention_kernel`` as ``launch`` says, then ``merge_splits_kernel`` if the
-    launch splits the keys; the split buffers are fp32, one row per query row and split."""
+    launch splits the keys; the split buffers are fp32, one row per query row and split.
+    An e4m3 cache's key scale goes in folded into ``scale``; a 16-bit cache ignores
+    ``kv_scales``."""
     _check_caches(key_cache, value_cache)
     if query.stride(-1) != 1 or meta.block_tables.stride(-1) != 1:
         raise ValueError("query and block tables need a unit stride on their last dimension")
     num_tokens, num_heads, head_dim = query.shape
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    fp8 = is_fp8(key_cache)
     splits = launch.num_splits
     split_acc = split_max = split_sum = out  # a one-split launch never touches them
     if splits > 1:
@@ -214,7 +228,8 @@ def paged_attention(
         meta.block_tables,
         meta.query_start_loc,
         meta.seq_lens,
-        scale,
+        scale * kv_scales.k if fp8 else scale,
+        kv_scales.v,
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -223,7 +238,7 @@ def paged_attention(
         key_cache.stride(1),
         key_cache.stride(2),
         meta.block_tables.stride(0),
-        **launch.constants(key_cache.shape[1], query.dtype, key_cache.numel()),
+        **launch.constants(key_cache.shape[1], query.dtype, key_cache.numel(), fp8),
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
