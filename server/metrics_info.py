@@ -19,9 +19,10 @@ def cache_config_labels(engine: LLMEngine) -> dict[str, str]:
     ``--kv-cache-memory-gb`` in bytes; ``gpu_memory_utilization`` applies on CUDA only.
     ``kv_cache_size_tokens`` is the tokens the blocks hold and ``kv_cache_max_concurrency``
     the requests at the full context they hold at once (blocks over blocks per request).
-    Left out, having no kvserve counterpart: the hash algorithm (kvserve's is not one of
-    vLLM's), ``sliding_window`` (the cache never slides: the context is capped at the window
-    instead), swap space, offloading and the Mamba settings.
+    ``prefix_caching_hash_algo`` is ``--prefix-caching-hash-algo`` (``sha256``, one of
+    vLLM's). Left out, having no kvserve counterpart: ``sliding_window`` (the cache never
+    slides: the context is capped at the window instead), swap space, offloading and the Mamba
+    settings.
     """
     config = engine.config
     memory = config.kv_cache_memory_gb
@@ -32,6 +33,7 @@ def cache_config_labels(engine: LLMEngine) -> dict[str, str]:
         "enable_prefix_caching": str(config.enable_prefix_caching),
         "gpu_memory_utilization": str(config.gpu_memory_utilization),
         "is_attention_free": "False",
+        "prefix_caching_hash_algo": config.prefix_caching_hash_algo,
         "kv_cache_memory_bytes": "None" if memory is None else str(int(memory * 2**30)),
         "num_cpu_blocks": "None",
         "num_gpu_blocks": str(num_blocks),

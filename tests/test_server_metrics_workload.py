@@ -128,6 +128,7 @@ def test_cache_config_info_labels_are_the_engines_config_and_startup_phases_are_
         "enable_prefix_caching": "False",
         "gpu_memory_utilization": "0.9",
         "is_attention_free": "False",
+        "prefix_caching_hash_algo": "sha256",
         "kv_cache_memory_bytes": "None",
         "num_cpu_blocks": "None",
         "num_gpu_blocks": "48",
