@@ -223,8 +223,6 @@ class LinearBase(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.method = method or UnquantizedLinearMethod()
         self.compute_dtype = torch.get_default_dtype()
-        self.static_scale: torch.Tensor | None = None
-        """A static activation scale of quantized weights, once loaded."""
         self.kernel = None
         self.method.create_weights(self, bias)
 

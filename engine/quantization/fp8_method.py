@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from kvserve.engine.cdiv import cdiv
+from kvserve.engine.kernels.fp8_quant import FP8_DTYPE, quantize_per_token
 from kvserve.engine.layers.linear import (
     WEIGHT,
     Dims,
@@ -34,12 +35,9 @@ from kvserve.engine.layers.linear import (
 )
 from kvserve.engine.quantization.config import Fp8Scheme
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8).max)
-
 
 def _fp8_weight(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype != FP8:
+    if t.dtype != FP8_DTYPE:
         raise ValueError(f"an FP8 checkpoint's weight is float8_e4m3fn, this one is {t.dtype}")
     return t
 
@@ -51,14 +49,6 @@ def _float(t: torch.Tensor) -> torch.Tensor:
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """A per-channel scale ([N] or [N, 1]) or a per-tensor one ([], [1]) as a vector."""
     return t.float().reshape(-1)
-
-
-def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 16-bit weight [N, K] → (FP8 weight, float32 scale [N]): each row's largest
-    magnitude maps to e4m3's largest (448)."""
-    amax = weight.float().abs().amax(dim=1).clamp(min=1e-12)
-    scale = amax / FP8_MAX
-    return (weight.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
 def dequantize(
@@ -76,6 +66,7 @@ class Fp8LinearMethod(LinearMethod):
     def __init__(self, scheme: Fp8Scheme) -> None:
         self.scheme = scheme
         self.matmul: Callable[..., torch.Tensor] | None = None
+        self.static_scale: torch.Tensor | None = None  # the Triton path's, with static scales
         if not scheme.at_load:
             self.checkpoint_names = {
                 "weight": ("weight", _fp8_weight),
@@ -89,7 +80,7 @@ class Fp8LinearMethod(LinearMethod):
             UnquantizedLinearMethod().create_weights(layer, bias)
             return
         n, k = layer.out_features, layer.in_features
-        add_parameter(layer, "weight", torch.empty(n, k, dtype=FP8), WEIGHT)
+        add_parameter(layer, "weight", torch.empty(n, k, dtype=FP8_DTYPE), WEIGHT)
         if scheme.block is not None:
             rows, cols = scheme.block
             scale = torch.empty(cdiv(n, rows), cdiv(k, cols), dtype=torch.float32)
@@ -103,8 +94,9 @@ class Fp8LinearMethod(LinearMethod):
         create_bias(layer, bias)
 
     def process_weights_after_loading(self, layer: LinearBase, kernels: str) -> None:
-        if self.scheme.at_load:
-            weight, scale = quantize_per_channel(take(layer, "weight"))
+        if self.scheme.at_load:  # per output channel: each row's largest magnitude at 448
+            weight, scale = quantize_per_token(take(layer, "weight"))
+            scale = scale.reshape(-1)
         else:
             weight, scale = take(layer, "weight"), take(layer, "weight_scale")
         static = take(layer, "input_scale") if "input_scale" in layer._parameters else None
@@ -118,7 +110,7 @@ class Fp8LinearMethod(LinearMethod):
                 self.matmul = functools.partial(triton_fp8_gemm.fp8_block_matmul, block=block)
             layer.register_buffer("weight_fp8", weight)
             layer.register_buffer("scale", scale)
-            layer.static_scale = static
+            self.static_scale = static
             return
         dense = dequantize(weight, scale, self.scheme.block)
         add_parameter(layer, "weight", dense.to(layer.compute_dtype))
@@ -130,4 +122,4 @@ class Fp8LinearMethod(LinearMethod):
         weight, scale = layer.get_buffer("weight_fp8"), layer.get_buffer("scale")
         if self.scheme.block is not None:
             return self.matmul(x, weight, scale, bias=layer.bias)
-        return self.matmul(x, weight, scale, layer.static_scale, layer.bias)
+        return self.matmul(x, weight, scale, self.static_scale, layer.bias)
