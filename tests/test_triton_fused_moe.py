@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kvserve.engine.kernels.fused_moe_config import MoeTile
+from kvserve.engine.kernels.mxfp4 import Mxfp4Weight, dequantize_mxfp4
 from kvserve.engine.kernels.triton_fused_moe import fused_moe
 
 from moe_reference import reference_moe, uneven_routing
@@ -141,4 +142,48 @@ def test_bad_activation_and_too_many_choices_are_named():
     inputs["topk_ids"] = torch.zeros(2, EXPERTS + 1, dtype=torch.int32)
     inputs["topk_weights"] = torch.zeros(2, EXPERTS + 1)
     with pytest.raises(ValueError, match="topk_ids' K must be"):
+        fused_moe(**inputs)
+
+
+def random_mxfp4(experts: int, rows: int, features: int, generator) -> Mxfp4Weight:
+    """Random codes (RMS about 3) times scales 2^-7 .. 2^-4: weights about the size of the
+    dense ones above, so the activations stay mostly inside the clamps."""
+    groups = features // 32
+    blocks = torch.randint(0, 256, (experts, rows, groups, 16), generator=generator)
+    scales = torch.randint(120, 124, (experts, rows, groups), generator=generator)
+    return Mxfp4Weight(blocks.to(torch.uint8), scales.to(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "top_k"), [(1, 4), (33, 2)], ids=["decode", "t33"])
+def test_mxfp4_experts_match_the_dense_kernel_on_their_dequantized_weights(dtype, tokens, top_k):
+    """gpt-oss's layout decoded in the GEMMs' loop: the same result as the dense weights
+    that ``dequantize_mxfp4`` gives (e2m1 times a power of two is exact in bf16, so only
+    the summation may differ), and as the float64 reference."""
+    hidden, inter = 64, 32
+    generator = torch.Generator().manual_seed(tokens)
+    inputs = moe_inputs(tokens, top_k, dtype, True, seed=tokens, hidden=hidden, inter=inter)
+    w13 = random_mxfp4(EXPERTS, 2 * inter, hidden, generator)
+    w2 = random_mxfp4(EXPERTS, hidden, inter, generator)
+    inputs["w13"] = dequantize_mxfp4(*w13, dtype=dtype)
+    inputs["w2"] = dequantize_mxfp4(*w2, dtype=dtype)
+    dense = fused_moe(**on_device(inputs), activation="swigluoai", tile=SMALL_TILE)
+    quantized = on_device(inputs) | {
+        "w13": Mxfp4Weight(*(t.to(DEVICE) for t in w13)),
+        "w2": Mxfp4Weight(*(t.to(DEVICE) for t in w2)),
+    }
+    got = fused_moe(**quantized, activation="swigluoai", tile=SMALL_TILE)
+    rtol, atol = TOLERANCES[torch.float32]
+    torch.testing.assert_close(got.float(), dense.float(), rtol=rtol, atol=atol)
+    assert_matches(got, reference_moe(**inputs, activation="swigluoai"), dtype)
+
+
+def test_bad_mxfp4_weights_are_named():
+    inputs = moe_inputs(3, 2, torch.bfloat16, False, seed=4, hidden=64, inter=32)
+    w13 = random_mxfp4(EXPERTS, 64, 64, torch.Generator().manual_seed(0))
+    inputs["w13"] = Mxfp4Weight(w13.blocks, w13.scales[..., :1])
+    with pytest.raises(ValueError, match=r"^w13: scales must be"):
+        fused_moe(**inputs)
+    inputs["w13"] = Mxfp4Weight(w13.blocks[0], w13.scales[0])
+    with pytest.raises(ValueError, match=r"^w13.blocks must be \[E, N, K/32, 16\]"):
         fused_moe(**inputs)
