@@ -5,8 +5,9 @@ tested dtype.
 Tolerances, per output element: ``|got - ref| <= rtol * |ref| + atol * max|ref|``. float32:
 rtol = atol = 2^-16 (summation order only). bfloat16: the kernel rounds the activation
 ``[T * K, I]`` and the output to bf16 once each (2^-8 relative, the interpreter's casts
-truncate: 2^-7), products in fp32: rtol 2^-6, atol 2^-6. Measured worst in the interpreter:
-2^-7.4 of max|ref| in bf16, 2^-21.8 in fp32.
+truncate: 2^-7), products in fp32: rtol 2^-6, atol 2^-6. float16: the same roundings at
+2^-11: rtol = atol = 2^-9. Measured worst in the interpreter, of max|ref|: 2^-7.4 (bf16),
+2^-10.7 (fp16), 2^-21.8 (fp32).
 """
 
 import pytest
@@ -19,8 +20,16 @@ from kvserve.engine.kernels.triton_fused_moe import fused_moe
 from moe_reference import reference_moe, uneven_routing
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-TOLERANCES = {torch.float32: (2**-16, 2**-16), torch.bfloat16: (2**-6, 2**-6)}
-DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
+TOLERANCES = {
+    torch.float32: (2**-16, 2**-16),
+    torch.bfloat16: (2**-6, 2**-6),
+    torch.float16: (2**-9, 2**-9),
+}
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.bfloat16, id="bf16"),
+    pytest.param(torch.float16, id="fp16"),
+]
 SMALL_TILE = MoeTile(16, 16, 16, num_warps=2, num_stages=1)  # several N tiles and K steps
 EXPERTS, HIDDEN, INTER = 6, 40, 24  # neither 40 nor 24 a multiple of the 16-wide tiles
 
