@@ -90,6 +90,21 @@ def test_the_configured_tiles_match_too(tokens):
     assert_matches(fused_moe(**on_device(inputs)), ref, torch.float32)
 
 
+def test_strided_hidden_rows_and_a_transposed_weight():
+    """``hidden`` rows further apart than H (a slice of a wider buffer) and ``w2`` a
+    transposed view (inputs not contiguous): the same result."""
+    inputs = moe_inputs(7, 2, torch.float32, True, seed=5)
+    ref = reference_moe(**inputs)
+    wide = torch.randn(7, HIDDEN + 24)
+    wide[:, 8 : 8 + HIDDEN] = inputs["hidden"]
+    strided = inputs | {
+        "hidden": wide[:, 8 : 8 + HIDDEN],
+        "w2": inputs["w2"].transpose(1, 2).contiguous().transpose(1, 2),
+    }
+    assert strided["hidden"].stride(0) != HIDDEN and strided["w2"].stride(2) != 1
+    assert_matches(fused_moe(**on_device(strided), tile=SMALL_TILE), ref, torch.float32)
+
+
 def test_sharding_the_intermediate_size_splits_the_sum():
     """Two ranks' halves of I (gate and up rows sliced alike, w2's inputs sliced), w2_bias
     on rank 0 only: their sum is the whole."""
