@@ -54,7 +54,12 @@ def moe_inputs(tokens, top_k, dtype, biases, seed, experts=EXPERTS, hidden=HIDDE
 
 
 def on_device(inputs: dict) -> dict:
-    return {name: None if t is None else t.to(DEVICE) for name, t in inputs.items()}
+    def moved(value):
+        if isinstance(value, Mxfp4Weight):
+            return Mxfp4Weight(*(part.to(DEVICE) for part in value))
+        return None if value is None else value.to(DEVICE)
+
+    return {name: moved(value) for name, value in inputs.items()}
 
 
 def assert_matches(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
@@ -192,14 +197,28 @@ def test_mxfp4_experts_match_the_dense_kernel_on_their_dequantized_weights(dtype
     inputs["w13"] = dequantize_mxfp4(*w13, dtype=dtype)
     inputs["w2"] = dequantize_mxfp4(*w2, dtype=dtype)
     dense = fused_moe(**on_device(inputs), activation="swigluoai", tile=SMALL_TILE)
-    quantized = on_device(inputs) | {
-        "w13": Mxfp4Weight(*(t.to(DEVICE) for t in w13)),
-        "w2": Mxfp4Weight(*(t.to(DEVICE) for t in w2)),
-    }
+    quantized = on_device(inputs | {"w13": w13, "w2": w2})
     got = fused_moe(**quantized, activation="swigluoai", tile=SMALL_TILE)
     rtol, atol = TOLERANCES[torch.float32]
     torch.testing.assert_close(got.float(), dense.float(), rtol=rtol, atol=atol)
     assert_matches(got, reference_moe(**inputs, activation="swigluoai"), dtype)
+
+
+def test_mxfp4_views_into_wider_weights_are_read_in_place():
+    """A rank's shard as a view: ``w13``'s first rows of a taller weight, ``w2``'s first
+    groups of a wider one (rows further apart than their bytes)."""
+    hidden, inter = 64, 32
+    generator = torch.Generator().manual_seed(6)
+    tall = random_mxfp4(EXPERTS, 4 * inter, hidden, generator)
+    wide = random_mxfp4(EXPERTS, hidden, 2 * inter, generator)
+    w13 = Mxfp4Weight(tall.blocks[:, : 2 * inter], tall.scales[:, : 2 * inter])
+    w2 = Mxfp4Weight(wide.blocks[:, :, :1], wide.scales[:, :, :1])
+    assert not w13.blocks.is_contiguous() and not w2.blocks.is_contiguous()
+    inputs = moe_inputs(5, 2, torch.float32, True, seed=6, hidden=hidden, inter=inter)
+    inputs |= {"w13": dequantize_mxfp4(*w13), "w2": dequantize_mxfp4(*w2)}
+    ref = reference_moe(**inputs, activation="swigluoai")
+    got = fused_moe(**on_device(inputs | {"w13": w13, "w2": w2}), activation="swigluoai")
+    assert_matches(got, ref, torch.float32)
 
 
 def test_bad_mxfp4_weights_are_named():

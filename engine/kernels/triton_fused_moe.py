@@ -193,9 +193,13 @@ def _check_bias(name: str, bias: torch.Tensor | None, shape: tuple[int, int]) ->
 
 
 def _operands(weight: ExpertWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The kernel's weight pointer (rows of input features, or of their bytes) and scales."""
+    """The kernel's weight (rows of input features, or of their bytes) and scales: any
+    strides between experts and rows, copied only where a row is not contiguous."""
     if isinstance(weight, Mxfp4Weight):
-        return weight.blocks.flatten(-2).contiguous(), weight.scales.contiguous()
+        blocks, scales = weight
+        if blocks.stride(-1) != 1 or blocks.stride(-2) != blocks.shape[-1]:
+            blocks = blocks.contiguous()
+        return blocks.flatten(-2), scales if scales.stride(-1) == 1 else scales.contiguous()
     return (weight if weight.stride(-1) == 1 else weight.contiguous()), None
 
 
