@@ -102,7 +102,7 @@ def build_checkpoint(
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # larger weights than the default init: sharper, less tie-prone logits
         for name, param in model.named_parameters():
-            if param.dim() == 2 or name.endswith(".bias"):  # biases nonzero: a path dropping
+            if param.dim() >= 2 or name.endswith(".bias"):  # biases nonzero: a path dropping
                 param.normal_(0, 0.08)  # one must change the tokens
     model.save_pretrained(path)
     trained_tokenizer().save_pretrained(path)
