@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvserve.engine.models import registry
+from kvserve.engine.models.moe_config import MoEConfig
 from kvserve.engine.quantization.config import QuantConfig, read_quant_config
 
 
@@ -60,6 +61,8 @@ class ModelConfig:
     sliding_window: int | None
     quantization: QuantConfig | None = None
     """The linear layers' quantization (``engine/quantization``); None: 16-bit."""
+    moe: MoEConfig | None = None
+    """The experts of a mixture-of-experts model; None: every layer's MLP is dense."""
 
     @classmethod
     def from_dir(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -103,6 +106,7 @@ class ModelConfig:
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
             eos_token_ids=tuple(dict.fromkeys(_as_tuple(raw.get("eos_token_id")) + extra_eos)),
             sliding_window=sliding,
+            moe=MoEConfig.from_dict(raw, family),
         )
 
 

@@ -1,0 +1,135 @@
+"""The experts of a mixture-of-experts block as one layer: every expert's weights stacked,
+loaded from per-expert checkpoint tensors, sharded over a ``TensorParallel`` group along
+the experts' intermediate features, and run for the tokens routed to each.
+
+Expert e is a SiLU-gated MLP, ``w2[e] @ (silu(w1[e] @ x) * (w3[e] @ x))`` (w1 the gate
+projection, w3 the up projection, w2 the down projection: Mixtral's names, vLLM's shard ids).
+Rank r holds features ``[r * I / size, (r + 1) * I / size)`` of each expert's intermediate
+size I, as a column-parallel gate/up and a row-parallel down projection would: ``w13
+[E, 2 * I / size, H]`` (this rank's gate rows, then its up rows) and ``w2 [E, H, I / size]``.
+A rank's output is its partial sum; the caller all-reduces it (once, with a shared expert's).
+"""
+
+import importlib
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvserve.engine.layers import fused_ops
+from kvserve.engine.layers.cpu_linear import packed_linear
+from kvserve.engine.layers.linear import divide, read, set_shard_ids, set_weight_loader, shape_of
+from kvserve.engine.layers.tensor_parallel import TensorParallel
+
+PARTS = ("w1", "w3", "w2")
+"""The checkpoint tensors of one expert, as shard ids: gate, up, down."""
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One expert's projection as the packed CPU kernels read a linear layer."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+
+
+class FusedMoE(nn.Module):
+    """``forward(x [T, H], weights [T, K], ids [T, K])`` → this rank's part of
+    ``sum_k weights[t, k] * expert_{ids[t, k]}(x_t)`` for every token t.
+
+    On a CPU (and with torch's kernels anywhere) the (token, expert) pairs are sorted by
+    expert; each expert that has tokens multiplies its tokens' rows, gathered, in two
+    matmuls, on the packed CPU kernels after ``process_weights_after_loading("cpu-packed")``
+    (one per expert and projection), and the rows, scaled by their weights, are added into
+    their tokens' output in expert order (transformers' order of the sums). With the Triton
+    kernels one fused kernel does it all (``kernels.triton_fused_moe``)."""
+
+    w13: nn.Parameter
+    w2: nn.Parameter
+
+    def __init__(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, tp: TensorParallel
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.full_intermediate = intermediate_size
+        self.intermediate = divide(intermediate_size, tp.size, "moe_intermediate_size")
+        self.kernels = "torch"
+        self.gate_up_kernels: nn.ModuleList | None = None
+        self.down_kernels: nn.ModuleList | None = None
+        shapes = {
+            "w13": ((num_experts, 2 * self.intermediate, hidden_size), ("w1", "w3")),
+            "w2": ((num_experts, hidden_size, self.intermediate), ("w2",)),
+        }
+        for name, (shape, parts) in shapes.items():
+            param = nn.Parameter(torch.empty(shape), requires_grad=False)
+            set_weight_loader(param, self.weight_loader)
+            set_shard_ids(param, {(e, p) for e in range(num_experts) for p in parts})
+            self.register_parameter(name, param)
+
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: tuple[int, str]) -> None:
+        """Checkpoint tensor ``shard_id = (expert, part)`` (part one of PARTS: ``[I, H]`` for
+        w1 and w3, ``[H, I]`` for w2) into this rank's features of that expert."""
+        expert, part = shard_id
+        full = (self.hidden_size, self.full_intermediate)
+        expected = full if part == "w2" else full[::-1]
+        if shape_of(loaded) != expected:
+            raise ValueError(
+                f"expert {expert}'s {part} must have shape {list(expected)} (hidden_size, "
+                f"moe_intermediate_size), not {list(shape_of(loaded))}"
+            )
+        n, start = self.intermediate, self.tp.rank * self.intermediate
+        with torch.no_grad():
+            if part == "w2":
+                param[expert].copy_(read(loaded, 1, start, n))
+            else:
+                rows = param[expert].narrow(0, 0 if part == "w1" else n, n)
+                rows.copy_(read(loaded, 0, start, n))
+
+    def process_weights_after_loading(self, kernels: str) -> None:
+        """``kernels``: one of ``linear.KERNELS``. With ``cpu-packed`` each expert's two
+        projections are packed for this CPU's kernel and the stacked weights dropped."""
+        self.kernels = kernels
+        if kernels == "cpu-packed":
+            self.gate_up_kernels = nn.ModuleList(
+                packed_linear.packed(ExpertWeights(w)) for w in self.w13.detach()
+            )
+            self.down_kernels = nn.ModuleList(
+                packed_linear.packed(ExpertWeights(w)) for w in self.w2.detach()
+            )
+            del self.w13, self.w2
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if self.kernels == "triton":
+            kernels = importlib.import_module("kvserve.engine.kernels.triton_fused_moe")
+            out: torch.Tensor = kernels.fused_moe(x, self.w13, self.w2, weights, ids)
+            return out
+        return self.grouped(x, weights, ids)
+
+    def grouped(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The forward with the (token, expert) pairs grouped by expert: the reference the
+        fused kernel is tested against."""
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        tokens = order // ids.shape[1]
+        scales = weights.flatten()[order].to(x.dtype).unsqueeze(1)
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        ends = list(accumulate(counts.tolist()))
+        out = torch.zeros_like(x)
+        for e in counts.nonzero().flatten().tolist():  # the experts that have tokens
+            start = ends[e - 1] if e else 0
+            rows = tokens[start : ends[e]]
+            h = self.expert(e, x.index_select(0, rows))
+            out.index_add_(0, rows, h.mul_(scales[start : ends[e]]))
+        return out
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``e``'s (this rank's part of its) MLP of rows ``x``."""
+        if self.gate_up_kernels is not None and self.down_kernels is not None:
+            return self.down_kernels[e](fused_ops.silu_and_mul(self.gate_up_kernels[e](x)))
+        return F.linear(fused_ops.silu_and_mul(F.linear(x, self.w13[e])), self.w2[e])
