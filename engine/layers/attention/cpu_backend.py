@@ -16,6 +16,7 @@ import torch
 
 from kvserve.engine.kernels import cpu_library
 from kvserve.engine.layers.attention.fp8_kv import FP8, UNIT_SCALES, KVScales, is_fp8
+from kvserve.engine.layers.attention.kind import AttentionKind
 from kvserve.engine.layers.attention.torch_backend import TorchAttention
 from kvserve.engine.layers.cpu_linear import dpbf16_linear
 from kvserve.engine.layers.fused_ops import rows_of_heads
@@ -81,9 +82,12 @@ class CPUAttention(TorchAttention):
         seqs: list[int],
         scale: float,
         kv_scales: KVScales,
+        kind: AttentionKind,
     ):
-        if not _kernels_take(query, key_cache):
-            return super()._decode(query, key_cache, value_cache, meta, seqs, scale, kv_scales)
+        if not (_kernels_take(query, key_cache) and kind.plain):
+            return super()._decode(
+                query, key_cache, value_cache, meta, seqs, scale, kv_scales, kind
+            )
         tables, seq_lens = _sequences(meta, seqs)
         if not rows_of_heads(query):
             query = query.contiguous()
@@ -114,10 +118,11 @@ class CPUAttention(TorchAttention):
         starts,
         scale: float,
         kv_scales: KVScales,
+        kind: AttentionKind,
     ) -> None:
-        if not _kernels_take(query, key_cache):
+        if not (_kernels_take(query, key_cache) and kind.plain):
             super()._prefill_chunks(
-                query, out, key_cache, value_cache, meta, seqs, starts, scale, kv_scales
+                query, out, key_cache, value_cache, meta, seqs, starts, scale, kv_scales, kind
             )
             return
         if not seqs:

@@ -12,6 +12,7 @@ from kvserve.engine.kernels.triton_attention import (
 )
 from kvserve.engine.layers.attention.backend import AttentionBackend
 from kvserve.engine.layers.attention.fp8_kv import UNIT_SCALES, KVScales, is_fp8
+from kvserve.engine.layers.attention.kind import AttentionKind
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 
 MIN_DOT = 16  # tl.dot needs every dimension >= 16 on a GPU
@@ -172,8 +173,20 @@ class TritonAttention(AttentionBackend):
         )
 
     def attend(
-        self, query, key_cache, value_cache, meta: AttentionMetadata, scale, kv_scales=UNIT_SCALES
+        self,
+        query,
+        key_cache,
+        value_cache,
+        meta: AttentionMetadata,
+        scale,
+        kv_scales=UNIT_SCALES,
+        *,
+        window=None,
+        sinks=None,
+        softcap=None,
     ):
+        if not AttentionKind(window, sinks, softcap).plain:
+            raise NotImplementedError("the Triton kernels take plain causal attention only")
         num_heads, head_dim = query.shape[1:]
         launch = attention_launch(
             meta.num_seqs,
