@@ -10,6 +10,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
+    GptOssConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
@@ -59,6 +60,7 @@ CONFIGS = {
     "qwen2_moe": Qwen2MoeConfig,
     "qwen3_moe": Qwen3MoeConfig,
     "mixtral": MixtralConfig,
+    "gpt_oss": GptOssConfig,
 }
 BASE = dict(
     vocab_size=VOCAB_SIZE,

@@ -63,6 +63,10 @@ class ModelConfig:
     """The linear layers' quantization (``engine/quantization``); None: 16-bit."""
     moe: MoEConfig | None = None
     """The experts of a mixture-of-experts model; None: every layer's MLP is dense."""
+    layer_windows: tuple[int | None, ...] = ()
+    """Each layer's sliding window (None: full attention), for families whose
+    ``layer_types`` alternate (``PER_LAYER_WINDOWS``): the windows live in the layers and
+    ``sliding_window`` is None, so they do not cap the context. Empty: no per-layer window."""
 
     @classmethod
     def from_dir(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -88,6 +92,10 @@ class ModelConfig:
         sliding = raw.get("sliding_window")
         if family == "qwen2" and not raw.get("use_sliding_window", False):
             sliding = None
+        windows: tuple[int | None, ...] = ()
+        if family in PER_LAYER_WINDOWS:
+            windows = _layer_windows(raw, sliding)
+            sliding = None
         return cls(
             architecture=architecture,
             family=family,
@@ -107,7 +115,30 @@ class ModelConfig:
             eos_token_ids=tuple(dict.fromkeys(_as_tuple(raw.get("eos_token_id")) + extra_eos)),
             sliding_window=sliding,
             moe=MoEConfig.from_dict(raw, family),
+            layer_windows=windows,
         )
+
+
+PER_LAYER_WINDOWS = ("gpt_oss",)
+"""Families whose ``layer_types`` give each layer full or sliding-window attention."""
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _layer_windows(raw: dict, sliding: int | None) -> tuple[int | None, ...]:
+    types = raw.get("layer_types")
+    if not isinstance(types, list) or len(types) != raw["num_hidden_layers"]:
+        raise ValueError(
+            f"layer_types must list one of {LAYER_TYPES} for each of the "
+            f"{raw['num_hidden_layers']} layers (num_hidden_layers), got {types!r}"
+        )
+    unknown = sorted({t for t in types if t not in LAYER_TYPES})
+    if unknown:
+        raise ValueError(f"unsupported layer_types {unknown}; supported: {LAYER_TYPES}")
+    if "sliding_attention" in types and not (isinstance(sliding, int) and sliding > 0):
+        raise ValueError(
+            f"sliding_attention layers need a positive sliding_window, got {sliding!r}"
+        )
+    return tuple(sliding if t == "sliding_attention" else None for t in types)
 
 
 def _as_tuple(value) -> tuple[int, ...]:
