@@ -13,8 +13,10 @@ from test_engine_matches_transformers import MAX_TOKENS, make_prompts, run
 
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.kernels.mxfp4 import Mxfp4Weight
 from kvserve.engine.layers.activation import swigluoai_and_mul
 from kvserve.engine.layers.attention.torch_backend import TorchAttention
+from kvserve.engine.layers.moe.fused_moe import FusedMoE
 from kvserve.engine.layers.moe.router import TopKSoftmax
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.llm_engine import LLMEngine
@@ -71,15 +73,50 @@ def test_mxfp4_checkpoint_is_in_the_real_layout(mxfp4):
     tensors = load_file(mxfp4.path / "model.safetensors")
     shapes = {n: (tuple(t.shape), t.dtype) for n, t in tensors.items() if ".0.mlp.experts" in n}
     assert shapes == {
-        "model.layers.0.mlp.experts.gate_up_proj_blocks": ((8, 64, 2, 16), torch.uint8),
-        "model.layers.0.mlp.experts.gate_up_proj_scales": ((8, 64, 2), torch.uint8),
-        "model.layers.0.mlp.experts.gate_up_proj_bias": ((8, 64), torch.float32),
-        "model.layers.0.mlp.experts.down_proj_blocks": ((8, 64, 1, 16), torch.uint8),
-        "model.layers.0.mlp.experts.down_proj_scales": ((8, 64, 1), torch.uint8),
+        "model.layers.0.mlp.experts.gate_up_proj_blocks": ((8, 128, 2, 16), torch.uint8),
+        "model.layers.0.mlp.experts.gate_up_proj_scales": ((8, 128, 2), torch.uint8),
+        "model.layers.0.mlp.experts.gate_up_proj_bias": ((8, 128), torch.float32),
+        "model.layers.0.mlp.experts.down_proj_blocks": ((8, 64, 2, 16), torch.uint8),
+        "model.layers.0.mlp.experts.down_proj_scales": ((8, 64, 2), torch.uint8),
         "model.layers.0.mlp.experts.down_proj_bias": ((8, 64), torch.float32),
     }
     quant = ModelConfig.from_dir(mxfp4.path).quantization
     assert quant is not None and quant.describe() == "mxfp4 experts, linear layers 16-bit (mxfp4)"
+
+
+# Our parameter → the checkpoint's tensor, of an MXFP4 layer's experts.
+MXFP4_TENSORS = {
+    "w13_blocks": "gate_up_proj_blocks", "w13_scales": "gate_up_proj_scales",
+    "w2_blocks": "down_proj_blocks", "w2_scales": "down_proj_scales",
+    "w13_bias": "gate_up_proj_bias", "w2_bias": "down_proj_bias",
+}  # fmt: skip
+
+
+def test_mxfp4_experts_stay_packed_for_the_triton_kernel(mxfp4):
+    """In Triton's interpreter here (tests/conftest.py), on the GPU where there is one: the
+    packed experts give what their dequantized weights give."""
+    tensors = load_file(mxfp4.path / "model.safetensors")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def experts(kernels: str) -> FusedMoE:
+        with torch.device(device):
+            layer = FusedMoE(8, 64, 64, TensorParallel(), activation="swigluoai", bias=True,
+                             layout="mxfp4")  # fmt: skip
+        for name, param in layer.named_parameters():
+            checkpoint = tensors[f"model.layers.0.mlp.experts.{MXFP4_TENSORS[name]}"]
+            param.weight_loader(param, checkpoint, None)
+        layer.process_weights_after_loading(kernels)
+        return layer
+
+    packed, dense = experts("triton"), experts("torch")
+    assert isinstance(packed.w13, Mxfp4Weight) and packed.w13.blocks.dtype == torch.uint8
+    assert packed.w13.blocks.shape == (8, 128, 2, 16) and packed.w2.scales.shape == (8, 64, 2)
+    assert dense.w13.dtype == torch.float32 and dense.w13.shape == (8, 128, 64)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 64, generator=generator).to(device)
+    weights, ids = TopKSoftmax(top_k=2)(torch.randn(5, 8, generator=generator).to(device))
+    got, expected = packed(x, weights, ids), dense(x, weights, ids)
+    torch.testing.assert_close(got, expected, rtol=2**-16, atol=2**-16 * expected.abs().max())
 
 
 def test_windows_live_in_the_layers_and_do_not_cap_the_context(dense):
@@ -122,9 +159,9 @@ def test_each_rank_holds_half_of_the_heads_sinks_and_expert_features(two_ranks, 
         shapes = rank["shapes"]
         assert shapes["layers.0.self_attn.sinks"] == (2,)
         assert shapes["layers.0.mlp.router.weight"] == (8, 64)
-        assert shapes["layers.0.mlp.experts.w13"] == (8, 2 * 16, 64)
-        assert shapes["layers.0.mlp.experts.w13_bias"] == (8, 2 * 16)
-        assert shapes["layers.0.mlp.experts.w2"] == (8, 64, 16)
+        assert shapes["layers.0.mlp.experts.w13"] == (8, 2 * 32, 64)
+        assert shapes["layers.0.mlp.experts.w13_bias"] == (8, 2 * 32)
+        assert shapes["layers.0.mlp.experts.w2"] == (8, 64, 32)
         assert shapes["layers.0.mlp.experts.w2_bias"] == (8, 64)
 
 
@@ -179,12 +216,12 @@ def test_a_misfit_stacked_expert_tensor_is_named(dense, tmp_path):
     path = build_gpt_oss(tmp_path / "misfit")
     tensors = load_file(path / "model.safetensors")
     name = "model.layers.1.mlp.experts.gate_up_proj"
-    tensors[name] = torch.zeros(8, 64, 48)
+    tensors[name] = torch.zeros(8, 64, 96)
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError) as err:
         load_model(path, ModelConfig.from_dir(path), TorchAttention(), 64, torch.float32, CPU)
     assert str(err.value) == (
-        f"checkpoint tensor {name!r} (shape [8, 64, 48]) does not fit layers.1.mlp.experts.w13 "
-        "(this rank's part: [8, 64, 64]): the experts' w13 must have shape [8, 64, 64] "
-        "(num_local_experts, hidden_size, intermediate_size as stacked), not [8, 64, 48]"
+        f"checkpoint tensor {name!r} (shape [8, 64, 96]) does not fit layers.1.mlp.experts.w13 "
+        "(this rank's part: [8, 128, 64]): the experts' w13 must have shape [8, 64, 128] "
+        "(num_local_experts, hidden_size, intermediate_size as stacked), not [8, 64, 96]"
     )

@@ -2,8 +2,8 @@
 tokens) and full layers as ``layer_types`` alternate them, YaRN RoPE; a mixture-of-experts
 block in every layer: a router with a bias (top-k of the logits, then a softmax over those),
 experts with biases and the clamped SwiGLU, stacked in the checkpoint (``mlp.experts.
-gate_up_proj [E, H, 2I]``, gate and up interleaved) or in MXFP4 (``quant_method: mxfp4``,
-dequantized at load: see ``layers/moe/fused_moe``)."""
+gate_up_proj [E, H, 2I]``, gate and up interleaved) or in MXFP4 (``quant_method: mxfp4``:
+packed for the Triton kernel, dequantized at load elsewhere; ``layers/moe/stacked_experts``)."""
 
 from collections.abc import Mapping
 from typing import Any
@@ -67,5 +67,5 @@ class GptOssForCausalLM(DecoderLM):
             tensors[f"mlp.experts.{name}"] = (f"mlp.experts.{param}", None)
         for name, param in ours.items():
             for part in ("blocks", "scales"):
-                tensors[f"mlp.experts.{name}_{part}"] = (f"mlp.experts.{param}", part)
+                tensors[f"mlp.experts.{name}_{part}"] = (f"mlp.experts.{param}_{part}", None)
         return tensors

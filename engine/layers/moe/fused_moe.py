@@ -10,16 +10,10 @@ size I, as a column-parallel gate/up and a row-parallel down projection would: `
 A rank's output is its partial sum; the caller all-reduces it (once, with a shared expert's).
 
 gpt-oss's experts (``activation="swigluoai"``, ``bias=True``) add ``w13_bias [E, 2 * I /
-size]`` to the gate/up rows and ``w2_bias [E, H]`` to the output (on rank 0 alone, so that
-the all-reduce adds it once), and load from stacked checkpoint tensors, ``layout``:
-
-- ``"stacked"``: ``gate_up_proj [E, H, 2I]`` with gate and up interleaved along its last
-  dimension (gate ``[..., ::2]``, up ``[..., 1::2]``), ``gate_up_proj_bias [E, 2I]`` alike,
-  ``down_proj [E, I, H]``, ``down_proj_bias [E, H]``; each tensor one whole shard (None);
-- ``"mxfp4"``: the weights as MXFP4 ``*_blocks`` and ``*_scales`` (shard ids ``"blocks"``,
-  ``"scales"``; ``[E, 2I, H / 32, 16]`` and ``[E, 2I, H / 32]`` for gate/up, rows
-  interleaved; ``[E, H, I / 32, 16]`` and ``[E, H, I / 32]`` for down), dequantized
-  (``kernels.mxfp4``) as the second of a pair arrives, then loaded as ``"stacked"``.
+size]`` to the gate/up rows and ``w2_bias [E, H]`` to the output, and load from tensors
+that stack every expert (``layout`` ``"stacked"``, or ``"mxfp4"``: ``stacked_experts``).
+MXFP4 weights stay packed (``w13``, ``w2`` as ``Mxfp4Weight``) for the Triton kernel and
+are dequantized to the model's dtype after loading for every other path.
 """
 
 import importlib
@@ -31,11 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvserve.engine.kernels.mxfp4 import dequantize_mxfp4
+from kvserve.engine.kernels.mxfp4 import MXFP4_BLOCK, Mxfp4Weight, dequantize_mxfp4
 from kvserve.engine.layers import fused_ops
 from kvserve.engine.layers.activation import swigluoai_and_mul
 from kvserve.engine.layers.cpu_linear import packed_linear
 from kvserve.engine.layers.linear import divide, read, set_shard_ids, set_weight_loader, shape_of
+from kvserve.engine.layers.moe import stacked_experts
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 
 PARTS = ("w1", "w3", "w2")
@@ -85,7 +80,7 @@ class FusedMoE(nn.Module):
             raise ValueError(f"unknown expert layout {layout!r}; one of {LAYOUTS}")
         self.activation, self.layout = activation, layout
         self.act = ACTIVATIONS[activation]
-        self._mxfp4: dict[tuple[str, str], Any] = {}  # (param, "blocks"/"scales") → pending
+        self.dtype = torch.get_default_dtype()  # the dense weights'
         self.tp = tp
         self.num_experts = num_experts
         self.hidden_size = hidden_size
@@ -94,18 +89,19 @@ class FusedMoE(nn.Module):
         self.kernels = "torch"
         self.gate_up_kernels: nn.ModuleList | None = None
         self.down_kernels: nn.ModuleList | None = None
-        shapes = {
-            "w13": ((num_experts, 2 * self.intermediate, hidden_size), ("w1", "w3")),
-            "w2": ((num_experts, hidden_size, self.intermediate), ("w2",)),
-        }
-        for name, (shape, parts) in shapes.items():
-            param = nn.Parameter(torch.empty(shape), requires_grad=False)
-            set_weight_loader(param, self.weight_loader)
-            if layout == "experts":
-                set_shard_ids(param, {(e, p) for e in range(num_experts) for p in parts})
-            elif layout == "mxfp4":
-                set_shard_ids(param, {"blocks", "scales"})
-            self.register_parameter(name, param)
+        if layout == "mxfp4":
+            self._mxfp4_parameters()
+        else:
+            shapes = {
+                "w13": ((num_experts, 2 * self.intermediate, hidden_size), ("w1", "w3")),
+                "w2": ((num_experts, hidden_size, self.intermediate), ("w2",)),
+            }
+            for name, (shape, parts) in shapes.items():
+                param = nn.Parameter(torch.empty(shape), requires_grad=False)
+                set_weight_loader(param, self.weight_loader)
+                if layout == "experts":
+                    set_shard_ids(param, {(e, p) for e in range(num_experts) for p in parts})
+                self.register_parameter(name, param)
         biases = {
             "w13_bias": (num_experts, 2 * self.intermediate),
             "w2_bias": (num_experts, hidden_size),
@@ -117,15 +113,33 @@ class FusedMoE(nn.Module):
                 set_weight_loader(bias_param, self.weight_loader)
             self.register_parameter(name, bias_param)
 
+    def _mxfp4_parameters(self) -> None:
+        """The packed weights, uint8 (``stacked_experts``); n must be whole groups of 32."""
+        for size, what in (
+            (self.hidden_size, "hidden_size"),
+            (self.intermediate, "experts' intermediate_size per rank"),
+        ):
+            if size % MXFP4_BLOCK:
+                raise ValueError(
+                    f"MXFP4 experts need a {what} that is a multiple of {MXFP4_BLOCK}, not {size}"
+                )
+        shapes = stacked_experts.mxfp4_shapes(self.num_experts, self.hidden_size, self.intermediate)
+        for name, shape in shapes.items():
+            param = nn.Parameter(torch.empty(shape, dtype=torch.uint8), requires_grad=False)
+            set_weight_loader(param, self.weight_loader)
+            self.register_parameter(name, param)
+
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any) -> None:
         """Checkpoint tensor ``shard_id = (expert, part)`` (part one of PARTS: ``[I, H]`` for
-        w1 and w3, ``[H, I]`` for w2) into this rank's features of that expert; a stacked
-        or MXFP4 tensor (``layout``) into every expert's."""
-        if shard_id in ("blocks", "scales"):
-            self._load_mxfp4(param, loaded, shard_id)
-            return
+        w1 and w3, ``[H, I]`` for w2) into this rank's features of that expert; a tensor of
+        every expert (``shard_id`` None: ``stacked_experts``) into every expert's."""
         if shard_id is None:
-            self._load_stacked(param, read(loaded))
+            name = next(n for n, p in self.named_parameters(recurse=False) if p is param)
+            shape = (self.num_experts, self.hidden_size, self.full_intermediate)
+            with torch.no_grad():
+                param.copy_(
+                    stacked_experts.rank_part(name, loaded, self.tp, self.intermediate, shape)
+                )
             return
         expert, part = shard_id
         full = (self.hidden_size, self.full_intermediate)
@@ -143,44 +157,22 @@ class FusedMoE(nn.Module):
                 rows = param[expert].narrow(0, 0 if part == "w1" else n, n)
                 rows.copy_(read(loaded, 0, start, n))
 
-    def _load_stacked(self, param: nn.Parameter, full: torch.Tensor) -> None:
-        """A stacked tensor (module docstring) → this rank's features of every expert."""
-        name = next(n for n, p in self.named_parameters() if p is param)
-        e, h, i = self.num_experts, self.hidden_size, self.full_intermediate
-        expected = {
-            "w13": (e, h, 2 * i), "w13_bias": (e, 2 * i), "w2": (e, i, h), "w2_bias": (e, h)
-        }[name]  # fmt: skip
-        if tuple(full.shape) != expected:
-            raise ValueError(
-                f"the experts' {name} must have shape {list(expected)} (num_local_experts, "
-                f"hidden_size, intermediate_size as stacked), not {list(full.shape)}"
-            )
-        n, start = self.intermediate, self.tp.rank * self.intermediate
-        with torch.no_grad():
-            if name == "w2_bias":
-                param.copy_(full if self.tp.rank == 0 else torch.zeros_like(full))
-            elif name == "w2":
-                param.copy_(full[:, start : start + n].transpose(1, 2))
-            else:
-                gate, up = full[..., 0::2], full[..., 1::2]
-                rows = torch.cat([gate[..., start : start + n], up[..., start : start + n]], -1)
-                param.copy_(rows.transpose(1, 2) if name == "w13" else rows)
-
-    def _load_mxfp4(self, param: nn.Parameter, loaded: Any, part: str) -> None:
-        """Holds one of an MXFP4 weight's blocks and scales; with both, loads it dense."""
-        key = next(n for n, p in self.named_parameters() if p is param)
-        self._mxfp4[(key, part)] = read(loaded)
-        blocks, scales = self._mxfp4.get((key, "blocks")), self._mxfp4.get((key, "scales"))
-        if blocks is None or scales is None:
-            return
-        del self._mxfp4[(key, "blocks")], self._mxfp4[(key, "scales")]
-        dense = dequantize_mxfp4(blocks, scales)  # [E, N, K]: w13 [E, 2I, H], w2 [E, H, I]
-        self._load_stacked(param, dense.transpose(1, 2))
-
     def process_weights_after_loading(self, kernels: str) -> None:
         """``kernels``: one of ``linear.KERNELS``. With ``cpu-packed`` each expert's two
-        projections are packed for this CPU's kernel and the stacked weights dropped."""
+        projections are packed for this CPU's kernel and the stacked weights dropped.
+        MXFP4 weights become ``Mxfp4Weight``s for ``triton``, else dense ``w13``/``w2``."""
         self.kernels = kernels
+        if self.layout == "mxfp4":
+            packed = {name: getattr(self, name) for name in stacked_experts.MXFP4_PARAMS}
+            for name in stacked_experts.MXFP4_PARAMS:
+                delattr(self, name)
+            for w in ("w13", "w2"):
+                weight = Mxfp4Weight(packed[f"{w}_blocks"].data, packed[f"{w}_scales"].data)
+                if kernels == "triton":
+                    setattr(self, w, weight)
+                else:
+                    dense = dequantize_mxfp4(*weight, dtype=self.dtype)
+                    self.register_parameter(w, nn.Parameter(dense, requires_grad=False))
         if kernels == "cpu-packed":
             self.gate_up_kernels = nn.ModuleList(
                 packed_linear.packed(ExpertWeights(w, self._bias("w13_bias", e)))
