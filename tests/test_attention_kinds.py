@@ -12,13 +12,19 @@ import secrets
 import pytest
 import torch
 from attention_kinds_reference import KindBatch, dense_reference, make_kind_batch
+from test_triton_attention import CPU_PATHS
 
 from kvserve.engine.layers.attention.backend import AttentionBackend
 from kvserve.engine.layers.attention.fp8_kv import UNIT_SCALES, KVScales
 from kvserve.engine.layers.attention.torch_backend import TorchAttention
+from kvserve.engine.layers.attention.triton_backend import TritonAttention
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
-BACKENDS = [pytest.param(TorchAttention, id="torch")]
+BACKENDS = [
+    pytest.param(TorchAttention, id="torch"),
+    pytest.param(TritonAttention, id="triton"),
+    *CPU_PATHS,
+]
 # (window, sinks, softcap): plain, each alone, gpt-oss's (window and sinks), Gemma 2's
 # (window and soft-cap), all three.
 KINDS = [
@@ -99,21 +105,40 @@ def test_mixed_batch_matches_the_dense_reference(seed, gqa, dtype, window, sinks
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("window, sinks, softcap", KINDS)
-@pytest.mark.parametrize("window_size", [8, 13])
+@pytest.mark.parametrize("window_size", [8, 13, 70, 150])
 def test_decode_batch_matches_the_dense_reference(
     seed, window_size, window, sinks, softcap, backend
 ):
     """Every sequence decodes (the batched path): contexts from 1 token to many windows,
-    a window of exactly one block and one that crosses two block boundaries."""
+    a window of exactly one block, one that crosses two block boundaries, one that Triton
+    splits into two key ranges, one that the C kernel splits into two (sinks join one
+    range only)."""
     window = window and window_size
     batch = make_kind_batch(
-        [1] * 6,
-        [1, 8, 9, 21, 40, 100],
+        [1] * 7,
+        [1, 8, 9, 21, 40, 200, 400],
         num_heads=8,
         num_kv_heads=2,
         head_dim=64,
         dtype=torch.float32,
         block_size=8,
+        window=window,
+    )
+    check(backend(), batch, seed, window, sinks, softcap)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("window, sinks, softcap", KINDS)
+def test_grouped_bf16_decode_matches_the_dense_reference(seed, window, sinks, softcap, backend):
+    """Six query heads on a kv head: the C kernel's bf16 dot products where it has them."""
+    batch = make_kind_batch(
+        [1] * 4,
+        [5, 30, 77, 160],
+        num_heads=12,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype=torch.bfloat16,
+        block_size=16,
         window=window,
     )
     check(backend(), batch, seed, window, sinks, softcap)

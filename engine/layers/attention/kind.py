@@ -22,3 +22,6 @@ class AttentionKind(NamedTuple):
         """The first key position that a query at ``position`` sees (0 without a window):
         every block before the one holding it may be freed and must not be read."""
         return 0 if self.window is None else max(0, position - self.window + 1)
+
+
+PLAIN = AttentionKind()
