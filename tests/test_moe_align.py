@@ -60,5 +60,9 @@ def test_bad_routing_is_named():
         moe_align(torch.zeros(3, 2), 4, 16)
     with pytest.raises(ValueError, match="topk_ids must be an integer"):
         moe_align(torch.zeros(6, dtype=torch.int32), 4, 16)
+    with pytest.raises(ValueError, match=r"topk_ids must lie in 0 \.\. 3, got values from 0 to 4"):
+        moe_align(torch.tensor([[0, 4]], dtype=torch.int32), 4, 16)
+    with pytest.raises(ValueError, match="from -1 to 2"):
+        moe_align(torch.tensor([[2, -1]], dtype=torch.int32), 4, 16)
     with pytest.raises(ValueError, match="num_experts and block_m"):
         moe_align(torch.zeros(3, 2, dtype=torch.int32), 0, 16)

@@ -5,8 +5,9 @@ tested dtype.
 Tolerances, per output element: ``|got - ref| <= rtol * |ref| + atol * max|ref|``. float32:
 rtol = atol = 2^-16 (summation order only). bfloat16: the kernel rounds the activation
 ``[T * K, I]`` and the output to bf16 once each (2^-8 relative, the interpreter's casts
-truncate: 2^-7), products in fp32: rtol 2^-6, atol 2^-6. Measured worst in the interpreter:
-2^-7.4 of max|ref| in bf16, 2^-21.8 in fp32.
+truncate: 2^-7), products in fp32: rtol 2^-6, atol 2^-6. float16: the same roundings at
+2^-11: rtol = atol = 2^-9. Measured worst in the interpreter, of max|ref|: 2^-7.4 (bf16),
+2^-10.7 (fp16), 2^-21.8 (fp32).
 """
 
 import pytest
@@ -19,8 +20,16 @@ from kvserve.engine.kernels.triton_fused_moe import fused_moe
 from moe_reference import reference_moe, uneven_routing
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-TOLERANCES = {torch.float32: (2**-16, 2**-16), torch.bfloat16: (2**-6, 2**-6)}
-DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
+TOLERANCES = {
+    torch.float32: (2**-16, 2**-16),
+    torch.bfloat16: (2**-6, 2**-6),
+    torch.float16: (2**-9, 2**-9),
+}
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.bfloat16, id="bf16"),
+    pytest.param(torch.float16, id="fp16"),
+]
 SMALL_TILE = MoeTile(16, 16, 16, num_warps=2, num_stages=1)  # several N tiles and K steps
 EXPERTS, HIDDEN, INTER = 6, 40, 24  # neither 40 nor 24 a multiple of the 16-wide tiles
 
@@ -45,7 +54,12 @@ def moe_inputs(tokens, top_k, dtype, biases, seed, experts=EXPERTS, hidden=HIDDE
 
 
 def on_device(inputs: dict) -> dict:
-    return {name: None if t is None else t.to(DEVICE) for name, t in inputs.items()}
+    def moved(value):
+        if isinstance(value, Mxfp4Weight):
+            return Mxfp4Weight(*(part.to(DEVICE) for part in value))
+        return None if value is None else value.to(DEVICE)
+
+    return {name: moved(value) for name, value in inputs.items()}
 
 
 def assert_matches(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
@@ -79,6 +93,21 @@ def test_the_configured_tiles_match_too(tokens):
     inputs = moe_inputs(tokens, 2, torch.float32, True, seed=tokens, hidden=64, inter=32)
     ref = reference_moe(**inputs)
     assert_matches(fused_moe(**on_device(inputs)), ref, torch.float32)
+
+
+def test_strided_hidden_rows_and_a_transposed_weight():
+    """``hidden`` rows further apart than H (a slice of a wider buffer) and ``w2`` a
+    transposed view (inputs not contiguous): the same result."""
+    inputs = moe_inputs(7, 2, torch.float32, True, seed=5)
+    ref = reference_moe(**inputs)
+    wide = torch.randn(7, HIDDEN + 24)
+    wide[:, 8 : 8 + HIDDEN] = inputs["hidden"]
+    strided = inputs | {
+        "hidden": wide[:, 8 : 8 + HIDDEN],
+        "w2": inputs["w2"].transpose(1, 2).contiguous().transpose(1, 2),
+    }
+    assert strided["hidden"].stride(0) != HIDDEN and strided["w2"].stride(2) != 1
+    assert_matches(fused_moe(**on_device(strided), tile=SMALL_TILE), ref, torch.float32)
 
 
 def test_sharding_the_intermediate_size_splits_the_sum():
@@ -168,14 +197,28 @@ def test_mxfp4_experts_match_the_dense_kernel_on_their_dequantized_weights(dtype
     inputs["w13"] = dequantize_mxfp4(*w13, dtype=dtype)
     inputs["w2"] = dequantize_mxfp4(*w2, dtype=dtype)
     dense = fused_moe(**on_device(inputs), activation="swigluoai", tile=SMALL_TILE)
-    quantized = on_device(inputs) | {
-        "w13": Mxfp4Weight(*(t.to(DEVICE) for t in w13)),
-        "w2": Mxfp4Weight(*(t.to(DEVICE) for t in w2)),
-    }
+    quantized = on_device(inputs | {"w13": w13, "w2": w2})
     got = fused_moe(**quantized, activation="swigluoai", tile=SMALL_TILE)
     rtol, atol = TOLERANCES[torch.float32]
     torch.testing.assert_close(got.float(), dense.float(), rtol=rtol, atol=atol)
     assert_matches(got, reference_moe(**inputs, activation="swigluoai"), dtype)
+
+
+def test_mxfp4_views_into_wider_weights_are_read_in_place():
+    """A rank's shard as a view: ``w13``'s first rows of a taller weight, ``w2``'s first
+    groups of a wider one (rows further apart than their bytes)."""
+    hidden, inter = 64, 32
+    generator = torch.Generator().manual_seed(6)
+    tall = random_mxfp4(EXPERTS, 4 * inter, hidden, generator)
+    wide = random_mxfp4(EXPERTS, hidden, 2 * inter, generator)
+    w13 = Mxfp4Weight(tall.blocks[:, : 2 * inter], tall.scales[:, : 2 * inter])
+    w2 = Mxfp4Weight(wide.blocks[:, :, :1], wide.scales[:, :, :1])
+    assert not w13.blocks.is_contiguous() and not w2.blocks.is_contiguous()
+    inputs = moe_inputs(5, 2, torch.float32, True, seed=6, hidden=hidden, inter=inter)
+    inputs |= {"w13": dequantize_mxfp4(*w13), "w2": dequantize_mxfp4(*w2)}
+    ref = reference_moe(**inputs, activation="swigluoai")
+    got = fused_moe(**on_device(inputs | {"w13": w13, "w2": w2}), activation="swigluoai")
+    assert_matches(got, ref, torch.float32)
 
 
 def test_bad_mxfp4_weights_are_named():

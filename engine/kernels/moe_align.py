@@ -38,7 +38,9 @@ def alignment_capacity(slots: int, num_experts: int, block_m: int) -> int:
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
     """``topk_ids`` ``[T, K]`` (any integer dtype, values in ``0 .. num_experts - 1``) →
-    the slots sorted by expert and padded per expert to ``block_m`` (``MoeAlignment``)."""
+    the slots sorted by expert and padded per expert to ``block_m`` (``MoeAlignment``).
+    The values are checked on the CPU only: on a GPU the check would cost a sync per call
+    (they come from the router's top-k there)."""
     if topk_ids.dim() != 2 or topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
         raise ValueError(
             f"topk_ids must be an integer [T, K] tensor, got {topk_ids.dtype} "
@@ -49,6 +51,12 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlig
     device = topk_ids.device
     experts = topk_ids.flatten().long()
     slots = experts.numel()
+    if device.type == "cpu" and slots:
+        low, high = int(experts.min()), int(experts.max())
+        if low < 0 or high >= num_experts:
+            raise ValueError(
+                f"topk_ids must lie in 0 .. {num_experts - 1}, got values from {low} to {high}"
+            )
     counts = torch.zeros(num_experts, dtype=torch.long, device=device)
     counts.scatter_add_(0, experts, torch.ones_like(experts))
     padded = (counts + block_m - 1) // block_m * block_m

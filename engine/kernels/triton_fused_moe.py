@@ -50,20 +50,20 @@ def _weight_tile(
 ):
     """One expert's ``W[rows, ks]`` as a ``[BLOCK_K, BLOCK_N]`` tile (``w_ptr`` and
     ``scales_ptr`` already at the expert). Dense: the stored values. MXFP4: ``w_ptr`` the
-    ``[N, K / 2]`` bytes, decoded to float32 (exact)."""
+    ``[N, K / 2]`` bytes, decoded to float32 exactly: the powers of two are built from their
+    exponent bits (scale byte 0, 2^-127, reads as 0; 255, NaN in e8m0, as infinity)."""
     if MXFP4:
         byte = tl.load(w_ptr + rows[None, :] * stride_wn + (ks // 2)[:, None], mask=mask, other=0)
-        code = (byte >> ((ks % 2) * 4)[:, None]) & 0xF
+        code = ((byte >> ((ks % 2) * 4)[:, None]) & 0xF).to(tl.int32)
         exponent = (code >> 1) & 3
         mantissa = (code & 1).to(tl.float32)
-        magnitude = tl.where(
-            exponent == 0, 0.5 * mantissa, (1.0 + 0.5 * mantissa) * tl.exp2(exponent - 1.0)
-        )
+        power = ((exponent + 126) << 23).to(tl.float32, bitcast=True)  # 2 ** (exponent - 1)
+        magnitude = tl.where(exponent == 0, 0.5 * mantissa, (1.0 + 0.5 * mantissa) * power)
         value = tl.where(code >= 8, -magnitude, magnitude)
         scale = tl.load(
             scales_ptr + rows[None, :] * stride_sn + (ks // 32)[:, None], mask=mask, other=0
         )
-        return value * tl.exp2(scale.to(tl.float32) - 127.0)
+        return value * (scale.to(tl.int32) << 23).to(tl.float32, bitcast=True)
     else:
         return tl.load(w_ptr + rows[None, :] * stride_wn + ks[:, None], mask=mask, other=0.0)
 
@@ -193,9 +193,13 @@ def _check_bias(name: str, bias: torch.Tensor | None, shape: tuple[int, int]) ->
 
 
 def _operands(weight: ExpertWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The kernel's weight pointer (rows of input features, or of their bytes) and scales."""
+    """The kernel's weight (rows of input features, or of their bytes) and scales: any
+    strides between experts and rows, copied only where a row is not contiguous."""
     if isinstance(weight, Mxfp4Weight):
-        return weight.blocks.flatten(-2).contiguous(), weight.scales.contiguous()
+        blocks, scales = weight
+        if blocks.stride(-1) != 1 or blocks.stride(-2) != blocks.shape[-1]:
+            blocks = blocks.contiguous()
+        return blocks.flatten(-2), scales if scales.stride(-1) == 1 else scales.contiguous()
     return (weight if weight.stride(-1) == 1 else weight.contiguous()), None
 
 
