@@ -29,8 +29,8 @@ class ChatReading:
             message, called = self.tools.message(text)
         if self.reasoning is not None:
             parsed = self.reasoning.parse(text, final=True)
-            if self.tools is None:
-                message["content"] = parsed.content or None
+            content = parsed.content if self.tools is None else message["content"]
+            message["content"] = content or None
             message["reasoning_content"] = parsed.reasoning or None
         return message, called
 

@@ -1,8 +1,8 @@
 """gpt-oss's harmony output (``--tool-call-parser openai``, ``--reasoning-parser
 openai_gptoss``): the analysis channel is ``reasoning_content`` and never content, the
 final channel is the content, commentary to ``functions.NAME`` is a call; whole and
-streamed, on exact strings and through a real server whose tokenizer has harmony's
-special tokens."""
+streamed, on exact strings and through a real server of a tiny gpt-oss whose tokenizer
+has harmony's special tokens."""
 
 import json
 import random
@@ -16,7 +16,7 @@ from kvserve.server.tool_parsers import TOOL_PARSERS
 from kvserve.server.tool_parsers.base import ParsedCall, ToolCallStream
 from kvserve.server.tool_parsers.harmony import HarmonyOutput, read_harmony
 
-from checkpoints import build_checkpoint
+from gpt_oss_checkpoints import build_gpt_oss
 from harmony_checkpoints import CALL, RETURN, harmony_tokenizer, use_harmony
 from server_process import API_KEY, ServerProcess
 
@@ -104,7 +104,7 @@ MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = tmp_path_factory.mktemp("harmony-model")
-    use_harmony(build_checkpoint("llama", path, eos_token_id=[RETURN, CALL]))
+    use_harmony(build_gpt_oss(path, eos_token_id=[RETURN, CALL]))
     log = tmp_path_factory.mktemp("harmony-server") / "server.log"
     args = (
         "--enable-auto-tool-choice", "--tool-call-parser", "openai",
@@ -216,3 +216,12 @@ def test_streamed_call_chunks(server):
     }  # fmt: skip
     assert "".join(p["function"]["arguments"] for p in pieces) == '{"city": "Paris"}'
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_reasoning_alone_leaves_no_content_whether_tools_are_given_or_not(server):
+    for extra in ({}, {"tools": TOOLS}):
+        (choice,) = server.post("/v1/chat/completions", crafted(ANALYSIS, **extra))["choices"]
+        assert (choice["message"], choice["finish_reason"]) == (
+            {"role": "assistant", "content": None, "reasoning_content": "Think about Paris."},
+            "stop",
+        )
