@@ -49,6 +49,7 @@ class ServerSettings:
         None,
         choices=tuple(sorted(REASONING_PARSERS)),
         help="reasoning format: chat replies carry the reasoning as reasoning_content",
+        crd=Crd(),
     )
     otlp_traces_endpoint: str | None = setting(
         None,
