@@ -14,10 +14,10 @@ from torch import nn
 from kvserve.engine.layers.linear import ReplicatedLinear
 from kvserve.engine.layers.moe.fused_moe import FusedMoE
 from kvserve.engine.layers.moe.router import TopKSoftmax
+from kvserve.engine.layers.moe.stacked_experts import stacked_layout
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models.decoder import DecoderLM, Switches
 from kvserve.engine.models.model_config import ModelConfig
-from kvserve.engine.quantization.config import Mxfp4Scheme
 
 _EXPERT_TENSORS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
 
@@ -35,10 +35,9 @@ class GptOssMoeBlock(nn.Module):
         self.tp = tp
         self.routing = TopKSoftmax(moe.top_k)
         self.router = ReplicatedLinear(cfg.hidden_size, moe.num_experts, True, tp)
-        mxfp4 = cfg.quantization is not None and isinstance(cfg.quantization.scheme, Mxfp4Scheme)
         self.experts = FusedMoE(
-            moe.num_experts, cfg.hidden_size, moe.intermediate_size, tp,
-            activation="swigluoai", bias=True, layout="mxfp4" if mxfp4 else "stacked",
+            moe.num_experts, cfg.hidden_size, moe.intermediate_size, tp, activation="swigluoai",
+            bias=True, layout=stacked_layout(cfg.quantization),
         )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

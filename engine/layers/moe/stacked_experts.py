@@ -21,8 +21,14 @@ import torch
 from kvserve.engine.kernels.mxfp4 import MXFP4_BLOCK
 from kvserve.engine.layers.linear import read, shape_of
 from kvserve.engine.layers.tensor_parallel import TensorParallel
+from kvserve.engine.quantization.config import Mxfp4Scheme, QuantConfig
 
 MXFP4_PARAMS = ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales")
+
+
+def stacked_layout(quant: QuantConfig | None) -> str:
+    """``FusedMoE``'s layout for a checkpoint of stacked experts quantized as ``quant``."""
+    return "mxfp4" if quant is not None and isinstance(quant.scheme, Mxfp4Scheme) else "stacked"
 
 
 def stacked_shapes(experts: int, hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
