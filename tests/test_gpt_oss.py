@@ -122,6 +122,10 @@ def test_mxfp4_experts_stay_packed_for_the_triton_kernel(mxfp4):
 def test_windows_live_in_the_layers_and_do_not_cap_the_context(dense):
     cfg = ModelConfig.from_dir(dense)
     assert (cfg.layer_windows, cfg.sliding_window) == ((WINDOW, None), None)
+    raw = json.loads((dense / "config.json").read_text())
+    del raw["layer_types"]
+    raw["num_hidden_layers"] = 3  # transformers' default pattern
+    assert ModelConfig.from_dict(raw).layer_windows == (WINDOW, None, WINDOW)
     model = load_model(dense, cfg, TorchAttention(), 64, torch.float32, CPU)
     attention = [layer.self_attn for layer in model.layers]
     assert [a.sliding_window for a in attention] == [WINDOW, None]

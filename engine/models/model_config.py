@@ -125,8 +125,11 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def _layer_windows(raw: dict, sliding: int | None) -> tuple[int | None, ...]:
-    types = raw.get("layer_types")
-    if not isinstance(types, list) or len(types) != raw["num_hidden_layers"]:
+    """Without ``layer_types``, transformers' default for gpt-oss: sliding, full, sliding..."""
+    layers = raw["num_hidden_layers"]
+    default = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    types = raw.get("layer_types") or default
+    if not isinstance(types, list) or len(types) != layers:
         raise ValueError(
             f"layer_types must list one of {LAYER_TYPES} for each of the "
             f"{raw['num_hidden_layers']} layers (num_hidden_layers), got {types!r}"
