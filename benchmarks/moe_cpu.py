@@ -57,7 +57,8 @@ def run_w1(args: argparse.Namespace, dtype: str, tmp: Path) -> list[str]:
         rows.append(
             f"| {shape} | {ckpt.num_params / 1e9:.2f} | {active:.2f} | "
             f"{result['peak_rss_mib']:.0f} | {result['wall_s']:.1f} | "
-            f"{rate:.1f} ({rate / base:.2f}x) | {result['decode_step_ms']:.1f} |"
+            f"{rate:.1f} ({rate / base:.2f}x) | {result['decode_step_ms']:.1f} | "
+            f"{result['load']:.1f} |"
         )
         print(rows[-1], file=sys.stderr, flush=True)
     return rows
@@ -146,11 +147,11 @@ def main() -> None:
     lines += [
         f"W1: {args.requests} requests, prompts of {args.min_prompt}-{args.max_prompt} tokens, "
         f"{args.max_tokens} output tokens each, compute dtype {mine.dtype}, kvserve "
-        "`LLM.generate`, one run each, in this order.",
+        f"`LLM.generate` on {torch.get_num_threads()} threads, one run each, in this order.",
         "",
         "| model | parameters (B) | multiplied per token (B) | peak RSS (MiB) | W1 wall (s) | "
-        "output tok/s (vs dense) | decode step, one stream (ms) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "output tok/s (vs dense) | decode step, one stream (ms) | load average after |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     with tempfile.TemporaryDirectory(prefix="kvserve-moe-") as tmp:
         lines += run_w1(args, mine.dtype, Path(tmp))

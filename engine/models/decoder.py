@@ -4,7 +4,9 @@ from ``engine/layers`` for one rank of a tensor-parallel group; each family's fi
 
 They differ only in switches: grouped-query attention, a bias on q/k/v (Qwen2) or on q/k/v
 and o (Llama's ``attention_bias``), per-head RMSNorm on q and k (Qwen3), RoPE scaling and
-tied embeddings. q/k/v and gate/up projections are fused into one matmul each.
+tied embeddings. q/k/v and gate/up projections are fused into one matmul each. A
+mixture-of-experts family (``moe_decoder.py``) puts its MoE block in place of a layer's MLP
+(``build_mlp``).
 """
 
 from collections.abc import Mapping

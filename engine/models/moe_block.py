@@ -16,6 +16,9 @@ from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.models.moe_config import MoEConfig
 from kvserve.engine.quantization.linear_methods import linear_method
 
+EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
+"""Qwen's checkpoint names of an expert's gate, up and down projections."""
+
 
 class SparseMoeBlock(nn.Module):
     """``x [T, H]`` → ``sum_k w_k expert_k(x)`` over each token's routed experts (plus
@@ -32,7 +35,7 @@ class SparseMoeBlock(nn.Module):
         tp: TensorParallel,
         prefix: str,
         routing: Routing,
-        expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+        expert_names: tuple[str, str, str] = EXPERT_NAMES,
     ) -> None:
         """``prefix``: the checkpoint's name of this block (``model.layers.3.mlp``);
         ``expert_names``: the checkpoint's names of an expert's gate, up and down
@@ -69,9 +72,7 @@ class SparseMoeBlock(nn.Module):
 
 
 def expert_tensors(
-    num_experts: int,
-    block: str,
-    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+    num_experts: int, block: str, names: tuple[str, str, str] = EXPERT_NAMES
 ) -> Iterator[tuple[str, tuple[str, tuple[int, str]]]]:
     """``DecoderLM.checkpoint_tensors`` entries of a block's per-expert checkpoint tensors
     (``{block}.experts.{e}.{gate, up, down name}.weight``) → ``mlp.experts.w13`` / ``w2``."""

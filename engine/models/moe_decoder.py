@@ -9,14 +9,14 @@ from torch import nn
 
 from kvserve.engine.layers.moe.router import Routing, SoftmaxTopK
 from kvserve.engine.models.decoder import DecoderLM
-from kvserve.engine.models.moe_block import SparseMoeBlock, expert_tensors
+from kvserve.engine.models.moe_block import EXPERT_NAMES, SparseMoeBlock, expert_tensors
 from kvserve.engine.models.moe_config import MoEConfig
 
 
 class MoEDecoderLM(DecoderLM):
     block = "mlp"
     """The checkpoint's name of a layer's MoE block (ours is always ``mlp``)."""
-    expert_names = ("gate_proj", "up_proj", "down_proj")
+    expert_names = EXPERT_NAMES
     """The checkpoint's names of an expert's gate, up and down projections."""
 
     @property
