@@ -145,6 +145,25 @@ def test_grouped_bf16_decode_matches_the_dense_reference(seed, window, sinks, so
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("window, sinks, softcap", KINDS)
+def test_long_chunks_match_the_dense_reference(seed, window, sinks, softcap, backend):
+    """A chunk after 600 cached tokens whose window (100) frees the blocks of the C kernel's
+    first 256-key tile, and a 300-token prompt whose rows' windows start in either tile."""
+    window = window and 100
+    batch = make_kind_batch(
+        [40, 300],
+        [640, 300],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        dtype=torch.float32,
+        block_size=16,
+        window=window,
+    )
+    check(backend(), batch, seed, window, sinks, softcap)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("window, sinks, softcap", KINDS[1:3] + KINDS[-1:])
 def test_fp8_cache_matches_the_dense_reference(seed, window, sinks, softcap, backend):
     scales = KVScales(0.05, 0.03)

@@ -9,9 +9,8 @@ keys and values in place through the block tables instead, on torch's own OpenMP
 of the qkv projection, one row copy per token. An e4m3 cache (``fp8_kv``) is written and read
 by the same kernels, each in a variant of its own (a branch outside the 16-bit loops): the
 store rounds each element, decode widens each block of rows to float32 as it reads it,
-prefill as it packs its tiles; neither takes bf16 dot products then. Decode takes every
-attention kind (window, sinks, soft-cap); a prefill chunk of a layer with one takes the torch
-path.
+prefill as it packs its tiles; neither takes bf16 dot products then. Both take every
+attention kind (window, sinks, soft-cap).
 """
 
 import torch
@@ -94,7 +93,6 @@ class CPUAttention(TorchAttention):
         if not rows_of_heads(query):
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        sinks = None if kind.sinks is None else kind.sinks.float().contiguous()
         self._run(
             "paged_decode",
             query,
@@ -107,9 +105,7 @@ class CPUAttention(TorchAttention):
             num_seqs=len(seqs),
             scale=scale,
             kv_scales=kv_scales,
-            sinks=None if sinks is None else sinks.data_ptr(),
-            window=kind.window or 0,
-            softcap=kind.softcap or 0.0,
+            kind=kind,
         )
         return out
 
@@ -126,7 +122,7 @@ class CPUAttention(TorchAttention):
         kv_scales: KVScales,
         kind: AttentionKind,
     ) -> None:
-        if not (_kernels_take(query, key_cache) and kind.plain):
+        if not _kernels_take(query, key_cache):
             super()._prefill_chunks(
                 query, out, key_cache, value_cache, meta, seqs, starts, scale, kv_scales, kind
             )
@@ -151,6 +147,7 @@ class CPUAttention(TorchAttention):
             num_seqs=len(seqs),
             scale=scale,
             kv_scales=kv_scales,
+            kind=kind,
         )
 
     def _run(
@@ -161,14 +158,16 @@ class CPUAttention(TorchAttention):
         value_cache: torch.Tensor,
         tables: torch.Tensor,
         kv_scales: KVScales,
-        **args: int | float | None,
+        kind: AttentionKind,
+        **args: int | float,
     ) -> None:
         """Attention kernel ``kernel`` on ``args`` and what both take alike: the query, the
         caches and block tables with their geometry, the dtype, whether the caches are e4m3
-        (and their scales), whether bf16 dot products are taken (never over e4m3), torch's
-        thread count and this SIMD path."""
+        (and their scales), whether bf16 dot products are taken (never over e4m3), the
+        attention kind, torch's thread count and this SIMD path."""
         _, num_heads, head_dim = query.shape
         fp8 = is_fp8(key_cache)
+        sinks = None if kind.sinks is None else kind.sinks.float().contiguous()
         cpu_library.run(
             kernel,
             q=query.data_ptr(),
@@ -185,6 +184,9 @@ class CPUAttention(TorchAttention):
             kv_fp8=int(fp8),
             k_scale=kv_scales.k,
             v_scale=kv_scales.v,
+            sinks=None if sinks is None else sinks.data_ptr(),
+            window=kind.window or 0,
+            softcap=kind.softcap or 0.0,
             num_threads=torch.get_num_threads(),
             isa=cpu_library.ISAS[self.isa],
             **args,
