@@ -1,0 +1,305 @@
+"""The gated delta rule in Triton: ``chunked_delta_rule`` for prefill (a flat ragged batch,
+chunks of ``CHUNK_SIZE`` tokens) and ``delta_rule_step`` for decode (one token per
+sequence). Same math, arguments and state layout as ``delta_rule_torch`` (its docstring has
+the recurrence and the chunk's WY/UT form).
+
+One program per (sequence, value head, block of ``BLOCK_V`` value columns) holds its
+``[Dk, BLOCK_V]`` slice of the state in registers, float32, from the sequence's slot (zeros
+without a prior state) to the slot again at the end. Queries and keys are L2-normalised in
+the kernel. The chunk's ``(I + A)⁻¹`` (``A`` strictly lower triangular) is built by forward
+substitution, one row per step, in registers. Dots take float32 operands at full precision
+(``ieee``): the state carries its rounding over the whole sequence.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK_SIZE = 64
+BLOCK_V = 32
+L2_EPS: tl.constexpr = 1e-6
+
+
+@triton.jit
+def _normalized(ptr, rows, row_mask, stride_t, head_offset, ks, k_mask, scale):
+    """Rows ``rows`` of one head, ``[len(rows), BLOCK_K]`` float32, L2-normalised, times
+    ``scale``."""
+    x = tl.load(
+        ptr + rows[:, None].to(tl.int64) * stride_t + head_offset + ks[None, :],
+        mask=row_mask[:, None] & k_mask[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    return x * (tl.rsqrt(tl.sum(x * x, 1) + L2_EPS) * scale)[:, None]
+
+
+@triton.jit
+def chunked_delta_rule_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    o_ptr,
+    state_ptr,
+    cu_seqlens_ptr,
+    slots_ptr,
+    has_state_ptr,
+    scale,
+    stride_qt,
+    stride_kt,
+    stride_vt,
+    stride_gt,
+    stride_ot,
+    stride_slot,
+    GROUP: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Program ``(sequence, value head, value block)``: the sequence's chunks in order."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    key_head = head // GROUP
+    start = tl.load(cu_seqlens_ptr + seq)
+    end = tl.load(cu_seqlens_ptr + seq + 1)
+    ks = tl.arange(0, BLOCK_K)
+    vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    ts = tl.arange(0, BLOCK_T)
+    k_mask, v_mask = ks < DK, vs < DV
+    state_mask = k_mask[:, None] & v_mask[None, :]
+    slot_state = (
+        state_ptr
+        + tl.load(slots_ptr + seq).to(tl.int64) * stride_slot
+        + head * DK * DV
+        + ks[:, None] * DV
+        + vs[None, :]
+    )
+    prior_rows = tl.where(tl.load(has_state_ptr + seq) != 0, DK, 0)
+    prior_mask = (ks < prior_rows)[:, None] & v_mask[None, :]
+    s = tl.load(slot_state, mask=prior_mask, other=0.0).to(tl.float32)
+    lower = ts[:, None] >= ts[None, :]
+    strictly_lower = ts[:, None] > ts[None, :]
+    identity = (ts[:, None] == ts[None, :]).to(tl.float32)
+    for c0 in range(start, end, BLOCK_T):
+        rows = c0 + ts
+        row_mask = rows < end
+        q = _normalized(q_ptr, rows, row_mask, stride_qt, key_head * DK, ks, k_mask, scale)
+        k = _normalized(k_ptr, rows, row_mask, stride_kt, key_head * DK, ks, k_mask, 1.0)
+        v = tl.load(
+            v_ptr + rows[:, None].to(tl.int64) * stride_vt + head * DV + vs[None, :],
+            mask=row_mask[:, None] & v_mask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        g = tl.load(g_ptr + rows.to(tl.int64) * stride_gt + head, mask=row_mask, other=0.0)
+        beta = tl.load(beta_ptr + rows.to(tl.int64) * stride_gt + head, mask=row_mask, other=0.0)
+        cum = tl.cumsum(g.to(tl.float32), 0)
+        decay = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], float("-inf")))
+        kk = tl.dot(k, tl.trans(k), input_precision="ieee")
+        inverse = tl.where(strictly_lower, -kk * beta.to(tl.float32)[:, None] * decay, 0.0)
+        for i in range(1, BLOCK_T):
+            is_row = (ts == i)[:, None]
+            row = tl.sum(tl.where(is_row, inverse, 0.0), 0)
+            row = row + tl.sum(row[:, None] * inverse, 0)
+            inverse = tl.where(is_row, row[None, :], inverse)
+        inverse += identity
+        u = tl.dot(inverse, v * beta[:, None], input_precision="ieee")
+        w = tl.dot(inverse, k * (beta * tl.exp(cum))[:, None], input_precision="ieee")
+        v_new = u - tl.dot(w, s, input_precision="ieee")
+        qk = tl.where(lower, tl.dot(q, tl.trans(k), input_precision="ieee") * decay, 0.0)
+        o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision="ieee")
+        o += tl.dot(qk, v_new, input_precision="ieee")
+        tl.store(
+            o_ptr + rows[:, None].to(tl.int64) * stride_ot + head * DV + vs[None, :],
+            o.to(o_ptr.dtype.element_ty),
+            mask=row_mask[:, None] & v_mask[None, :],
+        )
+        last = tl.sum(g.to(tl.float32), 0)  # padded rows have g = 0
+        k_decayed = k * tl.exp(last - cum)[:, None]
+        s = s * tl.exp(last) + tl.dot(tl.trans(k_decayed), v_new, input_precision="ieee")
+    tl.store(slot_state, s.to(state_ptr.dtype.element_ty), mask=state_mask)
+
+
+@triton.jit
+def delta_rule_step_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    o_ptr,
+    state_ptr,
+    slots_ptr,
+    has_state_ptr,
+    scale,
+    stride_qt,
+    stride_kt,
+    stride_vt,
+    stride_gt,
+    stride_ot,
+    stride_slot,
+    GROUP: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Program ``(sequence, value head, value block)``: one token's update and read."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    key_head = head // GROUP
+    ks = tl.arange(0, BLOCK_K)
+    vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_mask, v_mask = ks < DK, vs < DV
+    state_mask = k_mask[:, None] & v_mask[None, :]
+    slot_state = (
+        state_ptr
+        + tl.load(slots_ptr + seq).to(tl.int64) * stride_slot
+        + head * DK * DV
+        + ks[:, None] * DV
+        + vs[None, :]
+    )
+    prior_rows = tl.where(tl.load(has_state_ptr + seq) != 0, DK, 0)
+    prior_mask = (ks < prior_rows)[:, None] & v_mask[None, :]
+    s = tl.load(slot_state, mask=prior_mask, other=0.0).to(tl.float32)
+    row = tl.full([1], 0, tl.int32) + seq
+    row_mask = row >= 0
+    q = tl.sum(_normalized(q_ptr, row, row_mask, stride_qt, key_head * DK, ks, k_mask, scale), 0)
+    k = tl.sum(_normalized(k_ptr, row, row_mask, stride_kt, key_head * DK, ks, k_mask, 1.0), 0)
+    v = tl.load(v_ptr + seq.to(tl.int64) * stride_vt + head * DV + vs, mask=v_mask, other=0.0)
+    g = tl.load(g_ptr + seq.to(tl.int64) * stride_gt + head).to(tl.float32)
+    beta = tl.load(beta_ptr + seq.to(tl.int64) * stride_gt + head).to(tl.float32)
+    s = s * tl.exp(g)
+    delta = (v.to(tl.float32) - tl.sum(s * k[:, None], 0)) * beta
+    s += k[:, None] * delta[None, :]
+    o = tl.sum(s * q[:, None], 0)
+    tl.store(
+        o_ptr + seq.to(tl.int64) * stride_ot + head * DV + vs,
+        o.to(o_ptr.dtype.element_ty),
+        mask=v_mask,
+    )
+    tl.store(slot_state, s.to(state_ptr.dtype.element_ty), mask=state_mask)
+
+
+def _check(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> None:
+    tokens, hk, dk = q.shape
+    hv, dv = v.shape[1:]
+    if k.shape != q.shape or v.shape[0] != tokens or hv % hk:
+        raise ValueError(
+            f"q, k [T, Hk, Dk] and v [T, Hv, Dv] with Hk dividing Hv; got {list(q.shape)}, "
+            f"{list(k.shape)}, {list(v.shape)}"
+        )
+    if g.shape != (tokens, hv) or beta.shape != g.shape or g.stride() != beta.stride():
+        raise ValueError(
+            f"g and beta must be [{tokens}, {hv}] alike, got {list(g.shape)}, {list(beta.shape)}"
+        )
+    if state.shape[1:] != (hv, dk, dv) or not state[0].is_contiguous():
+        raise ValueError(
+            f"state must be [slots, {hv}, {dk}, {dv}], each slot contiguous; "
+            f"got {list(state.shape)}"
+        )
+    for x in (q, k, v):
+        if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+            raise ValueError("q, k and v need contiguous heads (rows any stride apart)")
+    if g.stride(1) != 1:
+        raise ValueError("g and beta need a unit stride along heads")
+
+
+def _launch_dims(q: torch.Tensor, v: torch.Tensor) -> dict[str, int]:
+    return {
+        "GROUP": v.shape[1] // q.shape[1],
+        "DK": q.shape[2],
+        "DV": v.shape[2],
+        "BLOCK_K": max(16, triton.next_power_of_2(q.shape[2])),
+        "BLOCK_V": min(BLOCK_V, max(16, triton.next_power_of_2(v.shape[2]))),
+    }
+
+
+def chunked_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    has_state: torch.Tensor,
+) -> torch.Tensor:
+    """Prefill over a flat ragged batch (``delta_rule_torch.gated_delta_rule_chunked``'s
+    contract, ``cu_seqlens`` an int32 device tensor): returns ``o`` ``[T, Hv, Dv]`` in
+    ``v``'s dtype and leaves each sequence's final state in ``state[slots[i]]``."""
+    _check(q, k, v, g, beta, state)
+    out = v.new_empty(v.shape)
+    dims = _launch_dims(q, v)
+    grid = (slots.shape[0], v.shape[1], triton.cdiv(v.shape[2], dims["BLOCK_V"]))
+    chunked_delta_rule_kernel[grid](
+        q,
+        k,
+        v,
+        g,
+        beta,
+        out,
+        state,
+        cu_seqlens,
+        slots,
+        has_state,
+        q.shape[2] ** -0.5,
+        q.stride(0),
+        k.stride(0),
+        v.stride(0),
+        g.stride(0),
+        out.stride(0),
+        state.stride(0),
+        BLOCK_T=CHUNK_SIZE,
+        num_warps=4,
+        **dims,
+    )
+    return out
+
+
+def delta_rule_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    has_state: torch.Tensor,
+) -> torch.Tensor:
+    """Decode, one token per sequence (``delta_rule_torch.gated_delta_rule_step``'s
+    contract): returns ``o`` ``[B, Hv, Dv]`` and updates ``state[slots]`` in place."""
+    _check(q, k, v, g, beta, state)
+    out = v.new_empty(v.shape)
+    dims = _launch_dims(q, v)
+    grid = (slots.shape[0], v.shape[1], triton.cdiv(v.shape[2], dims["BLOCK_V"]))
+    delta_rule_step_kernel[grid](
+        q,
+        k,
+        v,
+        g,
+        beta,
+        out,
+        state,
+        slots,
+        has_state,
+        q.shape[2] ** -0.5,
+        q.stride(0),
+        k.stride(0),
+        v.stride(0),
+        g.stride(0),
+        out.stride(0),
+        state.stride(0),
+        num_warps=4,
+        **dims,
+    )
+    return out
