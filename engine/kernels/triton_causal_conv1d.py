@@ -92,6 +92,18 @@ def causal_conv1d_kernel(
     tl.store(state[None, :] + kept[:, None], new.to(state_ptr.dtype.element_ty), mask=mask)
 
 
+def launch_constants(width: int, one_token: bool) -> dict[str, int | bool]:
+    """The kernel's constants for a ``width``-tap convolution, decode (``one_token``) or
+    prefill."""
+    return {
+        "ONE_TOKEN": one_token,
+        "WIDTH": width,
+        "BLOCK_S": triton.next_power_of_2(width - 1),
+        "BLOCK_C": BLOCK_C,
+        "BLOCK_T": BLOCK_T,
+    }
+
+
 def _launch(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -125,11 +137,7 @@ def _launch(
         x.stride(0),
         out.stride(0),
         conv_state.stride(0),
-        ONE_TOKEN=cu_seqlens is None,
-        WIDTH=width,
-        BLOCK_S=triton.next_power_of_2(width - 1),
-        BLOCK_C=BLOCK_C,
-        BLOCK_T=BLOCK_T,
+        **launch_constants(width, one_token=cu_seqlens is None),
     )
     return out
 

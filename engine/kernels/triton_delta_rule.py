@@ -6,9 +6,15 @@ the recurrence and the chunk's WY/UT form).
 One program per (sequence, value head, block of ``BLOCK_V`` value columns) holds its
 ``[Dk, BLOCK_V]`` slice of the state in registers, float32, from the sequence's slot (zeros
 without a prior state) to the slot again at the end. Queries and keys are L2-normalised in
-the kernel. The chunk's ``(I + A)⁻¹`` (``A`` strictly lower triangular) is built by forward
-substitution, one row per step, in registers. Dots take float32 operands at full precision
-(``ieee``): the state carries its rounding over the whole sequence.
+the kernel. The chunk's ``(I + A)⁻¹`` (``A`` strictly lower triangular, so ``A^n = 0`` for a
+chunk of ``n`` tokens) is the product ``(I - A)(I + A²)(I + A⁴)...``: ``2 log2(n)`` small
+matmuls, no row-by-row substitution.
+
+Dots take float32 operands as TF32 on the GPU (``DOTS``: 10-bit mantissas, about 1e-3
+relative); Triton's interpreter computes them in float32, so the CPU tests do not see that
+rounding. Compiled for sm_90 the chunked kernel
+still spills registers at Qwen3.5's 128-wide heads (tests/test_triton_delta_rule_compile.py
+records how much); it has not been timed on a GPU.
 """
 
 import torch
@@ -17,7 +23,10 @@ import triton.language as tl
 
 CHUNK_SIZE = 64
 BLOCK_V = 32
-L2_EPS: tl.constexpr = 1e-6
+CHUNK_WARPS = 8  # 4 spill twice as much at 128-wide heads
+STEP_WARPS = 4
+L2_EPS = tl.constexpr(1e-6)
+DOTS = tl.constexpr("tf32")
 
 
 @triton.jit
@@ -85,31 +94,34 @@ def chunked_delta_rule_kernel(
     for c0 in range(start, end, BLOCK_T):
         rows = c0 + ts
         row_mask = rows < end
-        q = _normalized(q_ptr, rows, row_mask, stride_qt, key_head * DK, ks, k_mask, scale)
+        g = tl.load(g_ptr + rows.to(tl.int64) * stride_gt + head, mask=row_mask, other=0.0)
+        beta = tl.load(beta_ptr + rows.to(tl.int64) * stride_gt + head, mask=row_mask, other=0.0)
+        cum = tl.cumsum(g.to(tl.float32), 0)
+        # (I + A)^-1 first, from the keys alone: little else is live through its loop
+        k = _normalized(k_ptr, rows, row_mask, stride_kt, key_head * DK, ks, k_mask, 1.0)
+        decay = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], float("-inf")))
+        kk = tl.dot(k, tl.trans(k), input_precision=DOTS)
+        power = tl.where(strictly_lower, -kk * beta.to(tl.float32)[:, None] * decay, 0.0)
+        inverse = identity + power
+        covered = 2  # inverse = sum of power^j, j < covered; power^(chunk's tokens) = 0
+        while covered < end - c0:
+            power = tl.dot(power, power, input_precision=DOTS)
+            inverse += tl.dot(inverse, power, input_precision=DOTS)
+            covered *= 2
         k = _normalized(k_ptr, rows, row_mask, stride_kt, key_head * DK, ks, k_mask, 1.0)
         v = tl.load(
             v_ptr + rows[:, None].to(tl.int64) * stride_vt + head * DV + vs[None, :],
             mask=row_mask[:, None] & v_mask[None, :],
             other=0.0,
         ).to(tl.float32)
-        g = tl.load(g_ptr + rows.to(tl.int64) * stride_gt + head, mask=row_mask, other=0.0)
-        beta = tl.load(beta_ptr + rows.to(tl.int64) * stride_gt + head, mask=row_mask, other=0.0)
-        cum = tl.cumsum(g.to(tl.float32), 0)
+        u = tl.dot(inverse, v * beta[:, None], input_precision=DOTS)
+        w = tl.dot(inverse, k * (beta * tl.exp(cum))[:, None], input_precision=DOTS)
+        v_new = u - tl.dot(w, s, input_precision=DOTS)
+        q = _normalized(q_ptr, rows, row_mask, stride_qt, key_head * DK, ks, k_mask, scale)
         decay = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], float("-inf")))
-        kk = tl.dot(k, tl.trans(k), input_precision="ieee")
-        inverse = tl.where(strictly_lower, -kk * beta.to(tl.float32)[:, None] * decay, 0.0)
-        for i in range(1, BLOCK_T):
-            is_row = (ts == i)[:, None]
-            row = tl.sum(tl.where(is_row, inverse, 0.0), 0)
-            row = row + tl.sum(row[:, None] * inverse, 0)
-            inverse = tl.where(is_row, row[None, :], inverse)
-        inverse += identity
-        u = tl.dot(inverse, v * beta[:, None], input_precision="ieee")
-        w = tl.dot(inverse, k * (beta * tl.exp(cum))[:, None], input_precision="ieee")
-        v_new = u - tl.dot(w, s, input_precision="ieee")
-        qk = tl.where(lower, tl.dot(q, tl.trans(k), input_precision="ieee") * decay, 0.0)
-        o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision="ieee")
-        o += tl.dot(qk, v_new, input_precision="ieee")
+        qk = tl.where(lower, tl.dot(q, tl.trans(k), input_precision=DOTS) * decay, 0.0)
+        o = tl.dot(q * tl.exp(cum)[:, None], s, input_precision=DOTS)
+        o += tl.dot(qk, v_new, input_precision=DOTS)
         tl.store(
             o_ptr + rows[:, None].to(tl.int64) * stride_ot + head * DV + vs[None, :],
             o.to(o_ptr.dtype.element_ty),
@@ -117,7 +129,7 @@ def chunked_delta_rule_kernel(
         )
         last = tl.sum(g.to(tl.float32), 0)  # padded rows have g = 0
         k_decayed = k * tl.exp(last - cum)[:, None]
-        s = s * tl.exp(last) + tl.dot(tl.trans(k_decayed), v_new, input_precision="ieee")
+        s = s * tl.exp(last) + tl.dot(tl.trans(k_decayed), v_new, input_precision=DOTS)
     tl.store(slot_state, s.to(state_ptr.dtype.element_ty), mask=state_mask)
 
 
@@ -213,7 +225,8 @@ def _check(
         raise ValueError("g and beta need a unit stride along heads")
 
 
-def _launch_dims(q: torch.Tensor, v: torch.Tensor) -> dict[str, int]:
+def launch_constants(q: torch.Tensor, v: torch.Tensor) -> dict[str, int]:
+    """Both kernels' shape constants for ``q`` ``[T, Hk, Dk]`` and ``v`` ``[T, Hv, Dv]``."""
     return {
         "GROUP": v.shape[1] // q.shape[1],
         "DK": q.shape[2],
@@ -239,7 +252,7 @@ def chunked_delta_rule(
     ``v``'s dtype and leaves each sequence's final state in ``state[slots[i]]``."""
     _check(q, k, v, g, beta, state)
     out = v.new_empty(v.shape)
-    dims = _launch_dims(q, v)
+    dims = launch_constants(q, v)
     grid = (slots.shape[0], v.shape[1], triton.cdiv(v.shape[2], dims["BLOCK_V"]))
     chunked_delta_rule_kernel[grid](
         q,
@@ -260,7 +273,7 @@ def chunked_delta_rule(
         out.stride(0),
         state.stride(0),
         BLOCK_T=CHUNK_SIZE,
-        num_warps=4,
+        num_warps=CHUNK_WARPS,
         **dims,
     )
     return out
@@ -280,7 +293,7 @@ def delta_rule_step(
     contract): returns ``o`` ``[B, Hv, Dv]`` and updates ``state[slots]`` in place."""
     _check(q, k, v, g, beta, state)
     out = v.new_empty(v.shape)
-    dims = _launch_dims(q, v)
+    dims = launch_constants(q, v)
     grid = (slots.shape[0], v.shape[1], triton.cdiv(v.shape[2], dims["BLOCK_V"]))
     delta_rule_step_kernel[grid](
         q,
@@ -299,7 +312,7 @@ def delta_rule_step(
         g.stride(0),
         out.stride(0),
         state.stride(0),
-        num_warps=4,
+        num_warps=STEP_WARPS,
         **dims,
     )
     return out
