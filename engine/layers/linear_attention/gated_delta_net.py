@@ -7,8 +7,10 @@
     out = out_proj(gated_rms_norm(o, z))                   row-parallel: one all-reduce
 
 Both states live in slots (``metadata.StateMetadata``); a step whose sequences all have one
-token runs the recurrent step kernels, any other the chunked prefill ones. ``kernels`` picks
-Triton (the GPU, or its interpreter on a CPU) or torch (the CPU path).
+token runs the recurrent step kernels, any other the chunked prefill ones (sequences of one
+token among longer ones included). ``kernels`` as the execution plan names them
+(``linear.KERNELS``): ``triton`` runs the Triton kernels (the GPU, or their interpreter on a
+CPU), any other the torch path.
 """
 
 from typing import Any

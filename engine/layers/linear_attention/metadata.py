@@ -60,8 +60,10 @@ class StateMetadata:
 
     After the step, every slot holds the state after the sequence's scheduled tokens: a
     step's tokens must all be accepted (speculative tokens would need a state per
-    position). Device tensors feed the kernels; the host list (same values) lets the torch
-    path split the batch without a device sync.
+    position). A batch padded for a CUDA graph gives each padding sequence a slot no
+    request holds (a scratch slot): the kernels write every listed slot. Device tensors feed
+    the kernels; the host list (same values) lets the torch path split the batch without a
+    device sync.
     """
 
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
