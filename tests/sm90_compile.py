@@ -22,10 +22,24 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kvserve.engine.kernels import triton_attention, triton_fp8_gemm, triton_fused, triton_w4a16
+from kvserve.engine.kernels import (
+    triton_attention,
+    triton_causal_conv1d,
+    triton_delta_rule,
+    triton_fp8_gemm,
+    triton_fused,
+    triton_w4a16,
+)
 
 HOPPER = GPUTarget("cuda", 90, 32)
-MODULES = (triton_attention, triton_fused, triton_w4a16, triton_fp8_gemm)
+MODULES = (
+    triton_attention,
+    triton_fused,
+    triton_w4a16,
+    triton_fp8_gemm,
+    triton_delta_rule,
+    triton_causal_conv1d,
+)
 INDEX_POINTERS = {
     "block_tables_ptr": "*i32",
     "query_start_loc_ptr": "*i32",
