@@ -164,10 +164,13 @@ class CPUAttention(TorchAttention):
         """Attention kernel ``kernel`` on ``args`` and what both take alike: the query, the
         caches and block tables with their geometry, the dtype, whether the caches are e4m3
         (and their scales), whether bf16 dot products are taken (never over e4m3), the
-        attention kind, torch's thread count and this SIMD path."""
+        attention kind, torch's thread count and this SIMD path. The sinks are read in place
+        (a recorded step replays their address): float32 and contiguous."""
         _, num_heads, head_dim = query.shape
         fp8 = is_fp8(key_cache)
-        sinks = None if kind.sinks is None else kind.sinks.float().contiguous()
+        sinks = kind.sinks
+        if sinks is not None and not (sinks.dtype == torch.float32 and sinks.is_contiguous()):
+            raise ValueError("attention sinks must be a contiguous float32 tensor")
         cpu_library.run(
             kernel,
             q=query.data_ptr(),

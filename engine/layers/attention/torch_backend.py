@@ -142,9 +142,8 @@ class TorchAttention(AttentionBackend):
             mask = (keys < seq_lens[:, None]) & (keys >= seq_lens[:, None] - kind.window)
         key = gather_context(key_cache, tables, length, query.dtype, kv_scales.k)
         value = gather_context(value_cache, tables, length, query.dtype, kv_scales.v)
-        return _attention(query.unsqueeze(2), key, value, mask[:, None, None, :], scale, kind)[
-            :, :, 0
-        ]
+        out = _attention(query.unsqueeze(2), key, value, mask[:, None, None, :], scale, kind)
+        return out.squeeze(2)
 
     @staticmethod
     def _prefill(
@@ -186,13 +185,11 @@ def _window_tables(
     sequence's last block repeat that block (masked out): a row reads none of its freed
     blocks nor its padding."""
     first_blocks = [kind.first_key(n - 1) // block_size for n in lens]
-    last_blocks = torch.tensor([cdiv(n, block_size) - 1 for n in lens], device=tables.device)
-    starts = torch.tensor(first_blocks, device=tables.device)
-    width = int((last_blocks - starts).max()) + 1
-    columns = torch.minimum(
-        starts[:, None] + torch.arange(width, device=tables.device), last_blocks[:, None]
-    )
-    return tables.gather(1, columns), [b * block_size for b in first_blocks]
+    last_blocks = [cdiv(n, block_size) - 1 for n in lens]
+    width = max(last - first for first, last in zip(first_blocks, last_blocks, strict=True)) + 1
+    columns = torch.tensor(first_blocks)[:, None] + torch.arange(width)
+    columns = torch.minimum(columns, torch.tensor(last_blocks)[:, None])
+    return tables.gather(1, columns.to(tables.device)), [b * block_size for b in first_blocks]
 
 
 def _attention(q, key, value, mask, scale: float, kind: AttentionKind) -> torch.Tensor:
