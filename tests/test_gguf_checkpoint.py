@@ -41,26 +41,31 @@ def hf_greedy(path: Path, prompt: list[int], max_tokens: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-def engine_greedy(model: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    llm = LLM(model, dtype="float32", num_kv_blocks=64, max_model_len=256)
+def engine_greedy(
+    model: str, prompts: list[list[int]], max_tokens: int, ranks: int = 1
+) -> list[list[int]]:
+    llm = LLM(
+        model, dtype="float32", num_kv_blocks=64, max_model_len=256, tensor_parallel_size=ranks
+    )
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params)]
 
 
 @pytest.mark.parametrize(
-    ("family", "types", "overrides"),
+    ("family", "types", "overrides", "ranks"),
     [
-        ("llama", EVERY_TYPE, {}),
-        ("qwen2", ("F16", "Q8_0"), {}),
-        ("qwen3", ("Q4_K", "BF16"), {"tie_word_embeddings": True}),
+        ("llama", EVERY_TYPE, {}, 1),
+        ("qwen2", ("F16", "Q8_0"), {}, 1),
+        ("qwen3", ("Q4_K", "BF16"), {"tie_word_embeddings": True}, 1),
+        ("llama", ("Q4_1", "Q8_0"), {}, 2),
     ],
-    ids=["llama-every-type", "qwen2-bias", "qwen3-qk-norm-tied"],
+    ids=["llama-every-type", "qwen2-bias", "qwen3-qk-norm-tied", "llama-2-ranks"],
 )
-def test_greedy_tokens_are_transformers_own_gguf_loaders(tmp_path, family, types, overrides):
+def test_greedy_tokens_are_transformers_own_gguf_loaders(tmp_path, family, types, overrides, ranks):
     path = write_gguf(tmp_path / "tiny.gguf", family, types, **overrides)
     expected = [hf_greedy(path, prompt, 12) for prompt in PROMPTS]
     assert len({tuple(tokens) for tokens in expected}) == len(PROMPTS)
-    assert engine_greedy(str(path), PROMPTS, 12) == expected
+    assert engine_greedy(str(path), PROMPTS, 12, ranks) == expected
 
 
 def test_the_metadata_is_the_config_json_it_was_written_from(tmp_path):
