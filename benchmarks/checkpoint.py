@@ -6,6 +6,12 @@
 - ``qwen2-0.5b``: Qwen2.5-0.5B's shape: hidden 896, 24 layers, 14 query heads sharing 2 KV
   heads, MLP 4864, q/k/v biases, vocabulary 151936 tied to the input embedding: 494M
   parameters, a model people serve on CPUs, whose LM head is a quarter of its weights.
+- ``qwen3-moe-1b``: Qwen3-30B-A3B's layout scaled down: hidden 768, 24 layers, 12 query
+  heads of 64 sharing 4 KV heads, 64 experts of 256 intermediate features, 8 per token,
+  renormalised, vocabulary 32000, untied head: 1.0B parameters, 0.18B of them multiplied
+  per token (0.15B in the layers).
+- ``qwen3-dense-0.18b``: the dense Qwen3 of that active size: the same, with one MLP of
+  2048 (8 x 256) in place of the experts.
 
 The tokenizer is a word-level one over the vocabulary's synthetic words, so that any token
 id decodes; prompts are token ids below 32000 (`PROMPT_IDS`), never text.
@@ -26,6 +32,8 @@ from transformers import (
     PretrainedConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 VOCAB_SIZE = 32000
@@ -72,9 +80,39 @@ def qwen2_config(dtype: torch.dtype) -> Qwen2Config:
     )
 
 
+QWEN3_SMALL = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=768,
+    num_hidden_layers=24,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    head_dim=64,
+    tie_word_embeddings=False,
+    **SHARED_CONFIG,
+)
+
+
+def qwen3_moe_config(dtype: torch.dtype) -> Qwen3MoeConfig:
+    return Qwen3MoeConfig(
+        intermediate_size=2048,  # no dense layer uses it
+        moe_intermediate_size=256,
+        num_experts=64,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        dtype=dtype,
+        **QWEN3_SMALL,
+    )
+
+
+def qwen3_dense_config(dtype: torch.dtype) -> Qwen3Config:
+    return Qwen3Config(intermediate_size=8 * 256, dtype=dtype, **QWEN3_SMALL)
+
+
 SHAPES: dict[str, Callable[[torch.dtype], PretrainedConfig]] = {
     "llama-134m": llama_config,
     "qwen2-0.5b": qwen2_config,
+    "qwen3-moe-1b": qwen3_moe_config,
+    "qwen3-dense-0.18b": qwen3_dense_config,
 }
 
 
