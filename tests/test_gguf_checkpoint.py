@@ -124,6 +124,9 @@ def test_an_unsupported_tensor_type_or_tensor_is_named(tmp_path):
     fused = one_tensor("blk.0.attn_qkv.weight", gguf.GGMLQuantizationType.Q8_0, 34)
     with pytest.raises(ValueError, match=r"unsupported GGUF tensor 'blk.0.attn_qkv.weight'"):
         GGUFTensors(fused)
+    llama3 = one_tensor("rope_freqs.weight", gguf.GGMLQuantizationType.F32, 4)
+    with pytest.raises(ValueError, match=r"frequency factors \(rope_freqs.weight, as Llama 3.1"):
+        ModelConfig.from_dir(llama3)
 
 
 def test_a_directory_of_several_ggufs_or_a_missing_file_is_an_error(tmp_path):

@@ -93,6 +93,12 @@ def gguf_config(path: Path) -> dict[str, Any]:
     ids are the tokenizer's end-of-sequence and end-of-turn tokens."""
     reader = GGUFReader(path)
     arch = _architecture(reader, path)
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise ValueError(
+            f"GGUF file {path} scales RoPE by frequency factors (rope_freqs.weight, as Llama "
+            "3.1 and later are converted); not supported"
+        )
 
     def meta(key: str, default: Any = None) -> Any:
         value = _field(reader, f"{arch}.{key}", default)
@@ -112,7 +118,6 @@ def gguf_config(path: Path) -> dict[str, Any]:
     scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
     if scaling != "none":
         raise ValueError(f"GGUF file {path}: unsupported {arch}.rope.scaling.type {scaling!r}")
-    names = {t.name for t in reader.tensors}
     tokens = reader.get_field("tokenizer.ggml.tokens")
     eos = [_field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot")]
     kinds = {t.tensor_type for t in reader.tensors if len(t.shape) == 2}
