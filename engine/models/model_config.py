@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvserve.engine.models import registry
+from kvserve.engine.models.gguf_checkpoint import gguf_config, gguf_file
 from kvserve.engine.models.moe_config import MoEConfig
 from kvserve.engine.quantization.config import QuantConfig, read_quant_config
 
@@ -70,9 +71,16 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
-        """``quantization``: ``--quantization``, a method to quantize a 16-bit checkpoint
-        with as it loads."""
+        """A Hugging Face directory's config.json, or a GGUF file's metadata (``path`` is one,
+        or a directory holding one). ``quantization``: ``--quantization``, a method to quantize
+        a 16-bit checkpoint with as it loads."""
         path = Path(path)
+        gguf = gguf_file(path)
+        if gguf is not None:
+            raw = gguf_config(gguf)
+            return dataclasses.replace(
+                cls.from_dict(raw), quantization=read_quant_config(gguf, raw, quantization)
+            )
         config_file = path / "config.json"
         if not config_file.is_file():
             raise FileNotFoundError(f"no config.json in model directory {path}")
