@@ -8,13 +8,15 @@ exactly the plain one.
 """
 
 from collections import OrderedDict
+from typing import cast
 
 import numpy as np
 import torch
 
+from kvserve.engine.layers.linear import LinearBase, RowParallelLinear
 from kvserve.engine.lora.lora_linear import LoRABatch, LoRALinear
 from kvserve.engine.lora.peft_adapter import LoRAAdapter
-from kvserve.engine.models.decoder import MLP, DecoderLM
+from kvserve.engine.models.decoder import MLP, DecoderLayer, DecoderLM
 
 Part = tuple[str, int]
 """(PEFT module name, the part's first output feature in the unsharded projection)."""
@@ -34,36 +36,44 @@ class LoRASlots:
         self.device = device
         self.layers: list[tuple[int, LoRALinear, list[Part], bool]] = []
         tp = model.tp
-        for index, layer in enumerate(model.layers):
+        for index, module in enumerate(model.layers):
+            layer = cast(DecoderLayer, module)
             attn = layer.self_attn
             qkv = attn.qkv_proj
             kv_source = qkv.kv_head_start * qkv.head_dim
-            attn.qkv_proj = self._wrap(
+            wrapped = self._wrap(
                 index,
                 qkv,
                 [("q_proj", tp.rank * qkv.q_size), ("k_proj", kv_source), ("v_proj", kv_source)],
                 [qkv.q_size, qkv.kv_size, qkv.kv_size],
                 max_rank,
             )
-            attn.o_proj = self._wrap(index, attn.o_proj, [("o_proj", 0)], None, max_rank)
+            setattr(attn, "qkv_proj", wrapped)  # noqa: B010 - nn.Module registers it
+            o_proj = cast(LinearBase, attn.o_proj)
+            wrapped = self._wrap(index, o_proj, [("o_proj", 0)], [o_proj.out_features], max_rank)
+            setattr(attn, "o_proj", wrapped)  # noqa: B010
             if isinstance(layer.mlp, MLP):
                 mlp = layer.mlp
                 mlp.chunk_rows = False  # a LoRA batch's row groups span the whole batch
                 gate_up = mlp.gate_up_proj
                 width = gate_up.parts[0]
-                mlp.gate_up_proj = self._wrap(
+                wrapped = self._wrap(
                     index,
                     gate_up,
                     [("gate_proj", tp.rank * width), ("up_proj", tp.rank * width)],
                     gate_up.parts,
                     max_rank,
                 )
-                mlp.down_proj = self._wrap(index, mlp.down_proj, [("down_proj", 0)], None, max_rank)
+                setattr(mlp, "gate_up_proj", wrapped)  # noqa: B010
+                down = cast(LinearBase, mlp.down_proj)
+                wrapped = self._wrap(index, down, [("down_proj", 0)], [down.out_features], max_rank)
+                setattr(mlp, "down_proj", wrapped)  # noqa: B010
 
-    def _wrap(self, index, base, parts: list[Part], sizes: list[int] | None, max_rank: int):
-        sizes = sizes or [base.out_features]
+    def _wrap(
+        self, index: int, base: LinearBase, parts: list[Part], sizes: list[int], max_rank: int
+    ) -> LoRALinear:
+        """``base`` of layer ``index`` wrapped; ``parts`` and their ``sizes`` on this rank."""
         offsets = np.cumsum([0, *sizes[:-1]]).tolist()
-        row_parallel = len(parts) == 1 and parts[0][0] in ("o_proj", "down_proj")
         wrapped = LoRALinear(
             base,
             list(zip(offsets, sizes, strict=True)),
@@ -72,7 +82,7 @@ class LoRASlots:
             self.batch,
             self.device,
         )
-        self.layers.append((index, wrapped, parts, row_parallel))
+        self.layers.append((index, wrapped, parts, isinstance(base, RowParallelLinear)))
         return wrapped
 
     def assign(self, adapters: list[LoRAAdapter]) -> dict[int, int]:
@@ -111,7 +121,7 @@ class LoRASlots:
         self.loads += 1
         with torch.no_grad():
             for index, layer, parts, row_parallel in self.layers:
-                pairs = []
+                pairs: list[tuple[torch.Tensor, torch.Tensor] | None] = []
                 for (module, source), (_, size) in zip(parts, layer.parts, strict=True):
                     pair = adapter.weights.get((index, module))
                     if pair is None:
