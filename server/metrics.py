@@ -36,8 +36,10 @@ PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, max_lora: int | None = None) -> None:
+        """``max_lora``: ``--max-loras`` with LoRA on (None: off, no LoRA metric)."""
         self.model_name = model_name
+        self.max_lora = max_lora
         self.registry = CollectorRegistry()
         registry = self.registry
 
@@ -125,6 +127,18 @@ class ServerMetrics:
             "kvserve:engine_step_failures",
             "Engine steps in which requests failed on an exception (reason error).",
         )
+        self.lora_info: Gauge | None = None
+        self._lora_labels: tuple[str, str, str] | None = None
+        if max_lora is not None:
+            # vLLM's labels and value (the time of the last update); one sample, the latest
+            self.lora_info = Gauge(
+                "vllm:lora_requests_info",
+                "Running stats on LoRA requests: the adapters of the running and of the "
+                "waiting requests (comma-separated), and --max-loras.",
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                registry=registry,
+            )
+            self._set_lora_info((), ())
         self._last_counts = (0, 0, 0, 0)
         # Per unfinished request that has tokens: when its latest token came out.
         self._last_token_time: dict[tuple[str, int], float | None] = {}  # by (request, sample)
@@ -152,7 +166,19 @@ class ServerMetrics:
         self.waiting_by_reason["capacity"].set(stats.num_waiting - stats.num_waiting_deferred)
         self.waiting_by_reason["deferred"].set(stats.num_waiting_deferred)
         self.kv_usage.set(stats.kv_cache_usage)
+        if self.lora_info is not None:
+            self._set_lora_info(stats.running_lora_adapters, stats.waiting_lora_adapters)
         self._engine_idle = stats.num_running == stats.num_waiting == 0
+
+    def _set_lora_info(self, running: tuple[str, ...], waiting: tuple[str, ...]) -> None:
+        """One sample, labelled with the adapters now, valued when they last changed."""
+        assert self.lora_info is not None
+        labels = (str(self.max_lora), ",".join(waiting), ",".join(running))
+        if labels == self._lora_labels:
+            return
+        self._lora_labels = labels
+        self.lora_info.clear()
+        self.lora_info.labels(*labels).set_to_current_time()
 
     def _on_output(self, output: RequestOutput) -> None:
         """vLLM's per-output accounting of a delta: the prompt's tokens by source with the

@@ -104,7 +104,7 @@ async def _serve(
     tracer: "RequestTracer | None",
     loras: ServedLoRAs,
 ) -> int:
-    metrics = ServerMetrics(name)
+    metrics = ServerMetrics(name, engine.config.max_loras if engine.config.enable_lora else None)
     metrics.describe_engine(cache_config_labels(engine), engine.startup)
     llm = AsyncLLM(engine, metrics)
     llm.start()

@@ -59,6 +59,10 @@ def test_every_engine_setting_is_a_flag_and_an_environment_variable(monkeypatch)
         "KVSERVE_ATTENTION_BACKEND": "torch",
         "KVSERVE_SEED": "11",
         "KVSERVE_KV_EVENTS_CONFIG": '{"enable_kv_cache_events": true}',
+        "KVSERVE_ENABLE_LORA": "true",
+        "KVSERVE_MAX_LORAS": "2",
+        "KVSERVE_MAX_LORA_RANK": "64",
+        "KVSERVE_MAX_CPU_LORAS": "3",
     }
     for name, value in values.items():
         monkeypatch.setenv(name, value)
@@ -86,4 +90,8 @@ def test_every_engine_setting_is_a_flag_and_an_environment_variable(monkeypatch)
         "attention_backend": "torch",
         "seed": 11,
         "kv_events_config": dataclasses.asdict(KVEventsConfig(enable_kv_cache_events=True)),
+        "enable_lora": True,
+        "max_loras": 2,
+        "max_lora_rank": 64,
+        "max_cpu_loras": 3,
     }

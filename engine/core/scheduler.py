@@ -97,6 +97,9 @@ class SchedulerStats:
     # Of num_waiting, those that cannot be scheduled yet whatever the free capacity (their
     # grammar is compiling): vLLM's reason "deferred"; the others wait for capacity.
     num_waiting_deferred: int = 0
+    # With LoRA on: the adapters of the running and of the waiting requests, sorted.
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
 
 
 class Scheduler:
@@ -247,3 +250,10 @@ class Scheduler:
         self.stats.num_waiting = len(self.waiting)
         self.stats.num_waiting_deferred = sum(1 for r in self.waiting if r.is_compiling)
         self.stats.kv_cache_usage = self.kv.usage
+        if self.config.max_loras:
+            self.stats.running_lora_adapters = _adapters(self.running)
+            self.stats.waiting_lora_adapters = _adapters(self.waiting)
+
+
+def _adapters(requests) -> tuple[str, ...]:
+    return tuple(sorted({r.lora.name for r in requests if r.lora is not None}))
