@@ -12,16 +12,20 @@ b4e69e0: int hashes, no ``medium``; commit 0181ea3: ``medium``, ``lora_name``, `
 and each event an array led by its tag, the fields in llm-d's ``ToTaggedUnion`` order::
 
     ["BlockStored", [hash, ...], parent_hash | nil, [token_id, ...], block_size, nil, medium]
+    ["BlockStored", ..., block_size, nil, medium, lora_name]      (blocks of a LoRA adapter)
     ["BlockRemoved", [hash, ...], medium]
     ["AllBlocksCleared"]
 
-``lora_id`` is always nil (no LoRA); ``medium`` is "GPU" or "CPU", where the KV lives.
+``lora_id`` is always nil; ``medium`` is "GPU" or "CPU", where the KV lives; ``lora_name``,
+vLLM's next field, names the adapter of a request's blocks (its first block's parent key is
+the adapter's, so the hashes differ from the base model's too) and is left out for the base
+model.
 A block hash is kvserve's prefix-cache key as it is (``block_hash``: the 32-byte SHA-256
 digest, the same in every process, so two pods that cache the same prefix publish the same
 hashes), sent as msgpack bytes, as vLLM sends its sha256 keys (llm-d reads the last 8 bytes as
 a uint64). Stored, removed and parent hashes are all written the same way, so they match each
-other. The newer optional fields (``lora_name``, ``extra_keys``, ``group_idx``, ...) are left
-out, which readers take as nil. The PUB frames around a payload are in ``kv_events_publisher``.
+other. The newer optional fields (``extra_keys``, ``group_idx``, ...) are left out, which
+readers take as nil. The PUB frames around a payload are in ``kv_events_publisher``.
 """
 
 import json
@@ -98,6 +102,7 @@ class BlockStored:
     parent_block_hash: BlockHash | None
     token_ids: list[int]
     block_size: int
+    lora_name: str | None = None
 
 
 @dataclass
@@ -122,19 +127,24 @@ class KVEventLog:
         self._events: list[KVEvent] = []
 
     def stored(
-        self, block_hash: BlockHash, parent_hash: BlockHash | None, token_ids: list[int]
+        self,
+        block_hash: BlockHash,
+        parent_hash: BlockHash | None,
+        token_ids: list[int],
+        lora_name: str | None = None,
     ) -> None:
         last = self._events[-1] if self._events else None
         if (
             isinstance(last, BlockStored)
             and last.block_hashes[-1] == parent_hash
             and last.block_size == len(token_ids)
+            and last.lora_name == lora_name
         ):
             last.block_hashes.append(block_hash)
             last.token_ids.extend(token_ids)
         else:
             self._events.append(
-                BlockStored([block_hash], parent_hash, list(token_ids), len(token_ids))
+                BlockStored([block_hash], parent_hash, list(token_ids), len(token_ids), lora_name)
             )
 
     def removed(self, block_hash: BlockHash) -> None:
@@ -160,7 +170,7 @@ def encode_batch(ts: float, events: list[KVEvent], medium: str) -> bytes:
 
 def _encode(event: KVEvent, medium: str) -> list:
     if isinstance(event, BlockStored):
-        return [
+        stored = [
             "BlockStored",
             event.block_hashes,
             event.parent_block_hash,
@@ -169,6 +179,7 @@ def _encode(event: KVEvent, medium: str) -> list:
             None,
             medium,
         ]
+        return stored if event.lora_name is None else [*stored, event.lora_name]
     if isinstance(event, BlockRemoved):
         return ["BlockRemoved", event.block_hashes, medium]
     return ["AllBlocksCleared"]

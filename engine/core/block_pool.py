@@ -99,14 +99,16 @@ class BlockPool:
         block_hash: BlockHash,
         parent_hash: BlockHash | None,
         token_ids: Sequence[int],
+        lora_name: str | None = None,
     ) -> None:
-        """Make a full block (``token_ids``, after the block keyed ``parent_hash``) findable
-        by its hash (first writer wins on a duplicate)."""
+        """Make a full block (``token_ids``, after the block keyed ``parent_hash``, of LoRA
+        adapter ``lora_name`` if any) findable by its hash (first writer wins on a
+        duplicate)."""
         if self.enable_caching and block.block_hash is None and block_hash not in self._cached:
             block.block_hash = block_hash
             self._cached[block_hash] = block
             if self.events is not None:
-                self.events.stored(block_hash, parent_hash, list(token_ids))
+                self.events.stored(block_hash, parent_hash, list(token_ids), lora_name)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block, if no block is in use (else False and no change)."""

@@ -85,7 +85,11 @@ class KVCacheManager:
             block_tokens = tokens[start : start + self.block_size]
             block_hash = self.chain_hash(parent or request.prefix_root, block_tokens)
             self.pool.cache(
-                self.pool.blocks[request.block_ids[index]], block_hash, parent, block_tokens
+                self.pool.blocks[request.block_ids[index]],
+                block_hash,
+                parent,
+                block_tokens,
+                request.lora_name,
             )
             request.block_hashes.append(block_hash)
 
