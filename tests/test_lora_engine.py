@@ -95,6 +95,20 @@ def test_a_batch_mixing_two_adapters_and_the_base_model_equals_the_merged_models
     assert engine.stats.prefix_cache_hits > 0
 
 
+def test_two_ranks_give_the_tokens_of_one(adapters):
+    base, built = adapters
+    loras = [None, built["a"][0], built["b"][0]]
+    batch = [(p, loras[i % 3]) for i, p in enumerate(prompts(3))]
+    settings = dict(model=str(base), enable_lora=True, max_loras=2, num_kv_blocks=128)
+    one = run(LLMEngine(EngineConfig(**settings, max_num_batched_tokens=32)), batch)
+    engine = LLMEngine(EngineConfig(**settings, max_num_batched_tokens=32, tensor_parallel_size=2))
+    try:
+        assert run(engine, batch) == one
+    finally:
+        engine.shutdown()
+    check(base, built, batch, one)
+
+
 def test_three_adapters_through_one_slot_are_swapped_least_recently_used(adapters):
     base, built = adapters
     loras = [built["a"][0], built["b"][0], built["c"][0], None]

@@ -24,6 +24,7 @@ from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.lora.lora_slots import LoRASlots
+from kvserve.engine.lora.peft_adapter import LoRAAdapter
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.sampling_params import SamplingParams
@@ -41,6 +42,8 @@ class StepInputs:
     logits_indices: torch.Tensor  # rows whose logits are sampled, one per sampling request
     every_row: bool  # logits_indices are all the rows, in order (as in a decode-only step)
     lora_rows: np.ndarray | None = None  # each row's LoRA slot (-1: base model); None: none
+    lora_fills: list[tuple[int, LoRAAdapter]] = dataclasses.field(default_factory=list)
+    """(slot, adapter): the adapters each rank loads into a slot before the step."""
 
 
 class ModelRunner:
@@ -165,7 +168,9 @@ class ModelRunner:
             logits_rows.append(np.arange(span.start, span.stop) + offset[id(request)])
         rows = np.concatenate(logits_rows)
         dev = self.plan.device
-        lora_rows = None if self.lora is None else self._lora_rows(out)
+        lora_rows, lora_fills = None, []
+        if self.lora is not None:
+            lora_rows, lora_fills = self._lora_rows(out)
         meta = AttentionMetadata(
             slot_mapping=to_device(np.concatenate(slots), dev),
             query_start_loc=to_device(np.concatenate([[0], ends]), dev, torch.int32),
@@ -183,22 +188,25 @@ class ModelRunner:
             logits_indices=to_device(rows, dev),
             every_row=np.array_equal(rows, np.arange(len(ids))),
             lora_rows=lora_rows,
+            lora_fills=lora_fills,
         )
 
-    def _lora_rows(self, out: SchedulerOutput) -> np.ndarray | None:
-        """Each row's LoRA slot, the step's adapters made resident first; None when no
-        request of the step runs under an adapter."""
+    def _lora_rows(
+        self, out: SchedulerOutput
+    ) -> tuple[np.ndarray | None, list[tuple[int, LoRAAdapter]]]:
+        """Each row's LoRA slot (None when no request of the step runs under an adapter),
+        and the slot fills that make the step's adapters resident."""
         assert self.lora is not None
         adapters = {r.lora.serial: r.lora for r, _ in out.scheduled if r.lora is not None}
         if not adapters:
-            return None
-        slots = self.lora.assign(list(adapters.values()))
+            return None, []
+        slots, fills = self.lora.assign(list(adapters.values()))
         return np.concatenate(
             [
                 np.full(n, -1 if r.lora is None else slots[r.lora.serial], dtype=np.int64)
                 for r, n in out.scheduled
             ]
-        )
+        ), fills
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Prepare and run the step (one rank: the whole of it); see ``run``."""
@@ -219,6 +227,8 @@ class ModelRunner:
         rows = None if inputs.every_row else inputs.logits_indices
         if self.lora is not None:
             # the LoRA layers' row groups span the whole batch: every row runs every layer
+            for slot, adapter in inputs.lora_fills:
+                self.lora.load(slot, adapter)
             self.lora.set_rows(inputs.lora_rows)
             hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
             return self.model.logits(hidden if rows is None else hidden[rows])

@@ -85,12 +85,17 @@ class LoRASlots:
         self.layers.append((index, wrapped, parts, isinstance(base, RowParallelLinear)))
         return wrapped
 
-    def assign(self, adapters: list[LoRAAdapter]) -> dict[int, int]:
-        """The slot of each of a step's adapters (at most ``max_loras``) by serial, loading
-        those not resident into free slots or those of the least recently used others."""
+    def assign(
+        self, adapters: list[LoRAAdapter]
+    ) -> tuple[dict[int, int], list[tuple[int, LoRAAdapter]]]:
+        """The slot of each of a step's adapters (at most ``max_loras``) by serial, and the
+        (slot, adapter) fills that make it so: those not resident go to free slots or to
+        those of the least recently used others. Rank 0 decides (this bookkeeping); every
+        rank then ``load``s the fills into its own shards before the step runs."""
         if len(adapters) > self.max_loras:
             raise ValueError(f"{len(adapters)} adapters in one step, max_loras is {self.max_loras}")
         wanted = {a.serial for a in adapters}
+        fills = []
         for adapter in adapters:
             if adapter.serial in self.resident:
                 self.resident.move_to_end(adapter.serial)
@@ -102,22 +107,24 @@ class LoRASlots:
             else:
                 victim = next(n for n in self.resident if n not in wanted)
                 slot = self.resident.pop(victim)
-            self._load(slot, adapter)
+            fills.append((slot, adapter))
             self.resident[adapter.serial] = slot
-        return {a.serial: self.resident[a.serial] for a in adapters}
+        return {a.serial: self.resident[a.serial] for a in adapters}, fills
 
-    def set_rows(self, row_slots: np.ndarray | None) -> None:
+    def set_rows(self, row_slots: np.ndarray | torch.Tensor | None) -> None:
         """Group the step's rows by slot (``row_slots[i]``: row i's slot, -1 for the base
-        model); None: no row runs an adapter."""
+        model; a worker gets them as a tensor); None: no row runs an adapter."""
         self.batch.groups = []
         if row_slots is None:
             return
+        row_slots = np.asarray(row_slots)
         for slot in np.unique(row_slots):
             if slot >= 0:
                 rows = torch.from_numpy(np.flatnonzero(row_slots == slot)).to(self.device)
                 self.batch.groups.append((int(slot), rows))
 
-    def _load(self, slot: int, adapter: LoRAAdapter) -> None:
+    def load(self, slot: int, adapter: LoRAAdapter) -> None:
+        """Fill ``slot`` with this rank's shards of ``adapter``."""
         self.loads += 1
         with torch.no_grad():
             for index, layer, parts, row_parallel in self.layers:
