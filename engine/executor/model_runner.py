@@ -168,7 +168,8 @@ class ModelRunner:
             logits_rows.append(np.arange(span.start, span.stop) + offset[id(request)])
         rows = np.concatenate(logits_rows)
         dev = self.plan.device
-        lora_rows, lora_fills = None, []
+        lora_rows: np.ndarray | None = None
+        lora_fills: list[tuple[int, LoRAAdapter]] = []
         if self.lora is not None:
             lora_rows, lora_fills = self._lora_rows(out)
         meta = AttentionMetadata(
