@@ -5,7 +5,10 @@ The adapters resident on the device sit in slots ``0 .. max_loras - 1`` of stack
 padded to ``max_lora_rank`` with zeros (a zero row of A and column of B add nothing):
 A ``[max_loras, parts * max_rank, in]`` holds the parts of a fused projection (q/k/v,
 gate/up) one under the other, so one shrink matmul serves them all; B
-``[max_loras, out, max_rank]`` holds each part's rows at that part's output features. The
+``[max_loras, out, parts * max_rank]`` is block-diagonal: part i's rows (its output
+features) are nonzero only in part i's rank columns, so one expand matmul serves them all
+too (on a CPU one matmul of inner size 48 is many times faster than three of 16 and a
+concatenation, though it multiplies zeros). The
 step's rows are grouped by slot once per step (``LoRABatch``); each layer then runs one
 shrink and one expand per adapter present: a loop over the batch's adapters, never over its
 requests. Rows of the base model are in no group and get nothing added.
@@ -25,10 +28,11 @@ from kvserve.engine.layers.linear import LinearBase, RowParallelLinear
 
 @dataclass
 class LoRABatch:
-    """The step's rows grouped by adapter slot: ``groups`` holds (slot, row indices); empty
-    when no row runs an adapter. Set by the runner before each forward."""
+    """The step's rows grouped by adapter slot: ``groups`` holds (slot, row indices; None
+    when the slot has every row); empty when no row runs an adapter. Set by the runner
+    before each forward."""
 
-    groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    groups: list[tuple[int, torch.Tensor | None]] = field(default_factory=list)
 
 
 class LoRALinear(nn.Module):
@@ -52,7 +56,7 @@ class LoRALinear(nn.Module):
         dtype = base.compute_dtype
         shape_a = (max_loras, len(parts) * max_rank, base.in_features)
         self.lora_a = torch.zeros(shape_a, dtype=dtype, device=device)
-        shape_b = (max_loras, base.out_features, max_rank)
+        shape_b = (max_loras, base.out_features, len(parts) * max_rank)
         self.lora_b = torch.zeros(shape_b, dtype=dtype, device=device)
 
     def set_slot(self, slot: int, pairs: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
@@ -67,21 +71,17 @@ class LoRALinear(nn.Module):
             a, b = pair
             rank = a.shape[0]
             self.lora_a[slot, index * r : index * r + rank] = a
-            self.lora_b[slot, offset : offset + size, :rank] = b
+            self.lora_b[slot, offset : offset + size, index * r : index * r + rank] = b
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
-        r = self.max_rank
         for slot, rows in self.batch.groups:
-            shrunk = x.index_select(0, rows) @ self.lora_a[slot].T
-            delta = torch.cat(
-                [
-                    shrunk[:, i * r : (i + 1) * r] @ self.lora_b[slot, offset : offset + size].T
-                    for i, (offset, size) in enumerate(self.parts)
-                ],
-                dim=1,
-            )
-            out.index_add_(0, rows, delta)
+            shrunk = (x if rows is None else x.index_select(0, rows)) @ self.lora_a[slot].T
+            delta = shrunk @ self.lora_b[slot].T
+            if rows is None:
+                out += delta
+            else:  # on a CPU many times faster than index_add_ in bfloat16
+                out.index_put_((rows,), delta, accumulate=True)
         if self.reduce:
             self.base.tp.all_reduce(out)
         return out

@@ -118,7 +118,11 @@ class LoRASlots:
         if row_slots is None:
             return
         row_slots = np.asarray(row_slots)
-        for slot in np.unique(row_slots):
+        present = np.unique(row_slots)
+        if len(present) == 1 and present[0] >= 0:
+            self.batch.groups.append((int(present[0]), None))
+            return
+        for slot in present:
             if slot >= 0:
                 rows = torch.from_numpy(np.flatnonzero(row_slots == slot)).to(self.device)
                 self.batch.groups.append((int(slot), rows))
