@@ -7,7 +7,8 @@ target modules) mixed into the batch, one after another in one run.
 With 1 adapter, every other request runs under it; with 4, the requests take turns over
 the four adapters and the base model. LoRA on also turns off the recorded CPU decode steps
 (a step's adapter row groups are not part of a recording): the "0 adapters" row shows that
-cost alone. Not a test.
+cost alone. The base model runs again last: the spread between its two rows is what the
+order of the runs (and a shared machine) accounts for. Not a test.
 """
 
 import argparse
@@ -72,6 +73,7 @@ def main() -> None:
             ("LoRA on, 0 adapters in the batch", lora, [None]),
             ("LoRA on, 1 adapter (every other request)", lora, [adapters[0], None]),
             ("LoRA on, 4 adapters and the base model in turn", lora, [*adapters, None]),
+            ("base model alone again (order effects)", settings, [None]),
         ]
         base_rate = None
         for name, config, loras in runs:
