@@ -163,7 +163,7 @@ def test_a_misfit_expert_tensor_is_named(tmp_path):
     assert str(err.value).startswith(
         f"checkpoint tensor {name!r} (shape [40, 64]) does not fit layers.1.mlp.experts.w13 "
         "(this rank's part: [8, 64, 64]): expert 5's w3 must have shape [32, 64] "
-        "(hidden_size, moe_intermediate_size), not [40, 64]"
+        "(hidden_size, intermediate_size), not [40, 64]"
     )
 
 
@@ -195,6 +195,38 @@ def test_a_moe_architecture_without_experts_is_refused():
     )  # fmt: skip
     with pytest.raises(ValueError, match="names no experts"), torch.device("meta"):
         registry.model_class(cfg.architecture)(cfg, TorchAttention(), 64)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "fields", "message"),
+    [
+        (
+            "MixtralForCausalLM",
+            dict(num_local_experts=4, intermediate_size=33),
+            "intermediate_size",
+        ),
+        (
+            "Qwen3MoeForCausalLM",
+            dict(num_experts=4, moe_intermediate_size=33),
+            "moe_intermediate_size",
+        ),
+        (
+            "Qwen2MoeForCausalLM",
+            dict(num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=33),
+            "shared_expert_intermediate_size",
+        ),
+    ],
+)
+def test_experts_that_two_ranks_cannot_split_are_named(architecture, fields, message):
+    raw = dict(
+        architectures=[architecture], vocab_size=64, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=1, num_attention_heads=2, num_experts_per_tok=2,
+    )  # fmt: skip
+    cfg = ModelConfig.from_dict({**raw, **fields})
+    tp = TensorParallel(rank=0, size=2, group=object())  # never used: the build fails first
+    pattern = rf"^{message} \(33\) cannot be split evenly over 2 tensor-parallel ranks$"
+    with pytest.raises(ValueError, match=pattern), torch.device("meta"):
+        registry.model_class(architecture)(cfg, TorchAttention(), 64, tp)
 
 
 def expert_shapes(path, tp: TensorParallel) -> dict[str, tuple[int, ...]]:

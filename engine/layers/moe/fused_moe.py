@@ -51,14 +51,21 @@ class FusedMoE(nn.Module):
     w2: nn.Parameter
 
     def __init__(
-        self, num_experts: int, hidden_size: int, intermediate_size: int, tp: TensorParallel
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        tp: TensorParallel,
+        what: str = "moe_intermediate_size",
     ) -> None:
+        """``what``: config.json's name of ``intermediate_size``, for errors."""
         super().__init__()
         self.tp = tp
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.full_intermediate = intermediate_size
-        self.intermediate = divide(intermediate_size, tp.size, "moe_intermediate_size")
+        self.what = what
+        self.intermediate = divide(intermediate_size, tp.size, what)
         self.kernels = "torch"
         self.gate_up_kernels: nn.ModuleList | None = None
         self.down_kernels: nn.ModuleList | None = None
@@ -81,7 +88,7 @@ class FusedMoE(nn.Module):
         if shape_of(loaded) != expected:
             raise ValueError(
                 f"expert {expert}'s {part} must have shape {list(expected)} (hidden_size, "
-                f"moe_intermediate_size), not {list(shape_of(loaded))}"
+                f"{self.what}), not {list(shape_of(loaded))}"
             )
         n, start = self.intermediate, self.tp.rank * self.intermediate
         with torch.no_grad():
