@@ -32,20 +32,6 @@ from sharded_steps import on_two_ranks, run_steps
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def moe_checkpoint(tmp_path_factory):
-    """``moe_checkpoint(name)`` → the directory of MOE_FAMILIES' checkpoint ``name``."""
-    built = {}
-
-    def get(name: str):
-        if name not in built:
-            family, overrides = MOE_FAMILIES[name]
-            built[name] = build_checkpoint(family, tmp_path_factory.mktemp(name), **overrides)
-        return built[name]
-
-    return get
-
-
 SCENARIOS = {
     "default-settings": dict(),
     "chunked-prefill-preemption-prefix-cache": dict(
@@ -56,8 +42,8 @@ SCENARIOS = {
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_greedy_matches_transformers(moe_checkpoint, family, scenario):
-    path = str(moe_checkpoint(family))
+def test_greedy_matches_transformers(checkpoint, family, scenario):
+    path = str(checkpoint(family))
     engine = LLMEngine(EngineConfig(model=path, dtype="float32", **SCENARIOS[scenario]))
     pressured = scenario != "default-settings"
     prompts = make_prompts(seed=len(family), shared_prefixes=pressured)
@@ -70,12 +56,12 @@ def test_greedy_matches_transformers(moe_checkpoint, family, scenario):
         assert engine.stats.num_preemptions > 0 and engine.stats.prefix_cache_hits > 0
 
 
-def test_each_layer_gets_the_mlp_its_config_says(moe_checkpoint):
+def test_each_layer_gets_the_mlp_its_config_says(checkpoint):
     """qwen3_moe: layer 1 in mlp_only_layers; qwen3_moe-norm-topk: decoder_sparse_step 2,
     layers 1 and 3 sparse; qwen2_moe: a shared expert; Mixtral: renormalised top-k."""
     kinds = {}
     for name in MOE_FAMILIES:
-        path = moe_checkpoint(name)
+        path = checkpoint(name)
         cfg = ModelConfig.from_dir(path)
         model = load_model(path, cfg, TorchAttention(), 64, torch.float32, CPU)
         kinds[name] = [type(layer.mlp) for layer in model.layers]
@@ -177,9 +163,9 @@ def test_a_missing_or_extra_expert_is_named(tmp_path):
         load(path)
 
 
-def test_quantized_experts_are_refused_naming_the_layer(moe_checkpoint):
+def test_quantized_experts_are_refused_naming_the_layer(checkpoint):
     with pytest.raises(ValueError) as err:
-        load(moe_checkpoint("qwen3_moe"), quantization="fp8")
+        load(checkpoint("qwen3_moe"), quantization="fp8")
     assert str(err.value).startswith(
         "model.layers.0.mlp.experts are quantized (fp8 per-channel, activations fp8 dynamic "
         "(fp8)); mixture-of-experts layers run 16-bit experts only"
@@ -243,8 +229,8 @@ TP_CASES = ("qwen3_moe", "qwen2_moe", "mixtral")
 
 
 @pytest.fixture(scope="module")
-def two_ranks(moe_checkpoint, tmp_path_factory):
-    paths = {name: moe_checkpoint(name) for name in TP_CASES}
+def two_ranks(checkpoint, tmp_path_factory):
+    paths = {name: checkpoint(name) for name in TP_CASES}
     ranks = on_two_ranks(rank_results, list(paths.values()), tmp_path_factory.mktemp("tp"))
     return paths, [{name: rank[paths[name].name] for name in TP_CASES} for rank in ranks]
 
