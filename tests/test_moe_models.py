@@ -5,6 +5,7 @@ compute the logits of one; the routing and the grouped experts compute what thei
 definitions say; a misfit or quantized expert is refused, named."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ from kvserve.engine.models.moe_block import SparseMoeBlock
 
 from checkpoints import MOE_FAMILIES, build_checkpoint
 from reference import assert_greedy_match, hf_greedy
-from sharded_steps import on_two_ranks, run_steps
+from sharded_steps import DECODE_STEPS, on_two_ranks, run_steps
 
 CPU = torch.device("cpu")
 
@@ -222,7 +223,10 @@ def expert_shapes(path, tp: TensorParallel) -> dict[str, tuple[int, ...]]:
 
 
 def rank_results(path, tp: TensorParallel) -> dict:
-    return {"logits": run_steps(path, tp), "shapes": expert_shapes(path, tp)}
+    reduce = TensorParallel.all_reduce
+    with mock.patch.object(TensorParallel, "all_reduce", autospec=True, side_effect=reduce) as m:
+        logits = run_steps(path, tp)
+    return {"logits": logits, "all_reduces": m.call_count, "shapes": expert_shapes(path, tp)}
 
 
 TP_CASES = ("qwen3_moe", "qwen2_moe", "mixtral")
@@ -262,3 +266,12 @@ def test_each_rank_holds_half_of_every_experts_intermediate_features(two_ranks):
         shapes = rank["mixtral"]["shapes"]
         assert shapes["layers.0.mlp.experts.w13"] == (8, 32, 64)
         assert math.prod(shapes["layers.0.mlp.experts.w2"]) == 8 * 64 * 16
+
+
+def test_an_moe_block_reduces_once_as_a_dense_mlp_does(two_ranks):
+    """Per forward: the embedding's all-reduce, then each layer's attention output and its
+    MoE block's (experts and shared expert together): Qwen2-MoE's 2 layers, 5 a step."""
+    _, ranks = two_ranks
+    for rank in ranks:
+        assert rank["qwen2_moe"]["all_reduces"] == (DECODE_STEPS + 1) * (1 + 2 * 2)
+        assert rank["qwen3_moe"]["all_reduces"] == (DECODE_STEPS + 1) * (1 + 2 * 3)
