@@ -31,6 +31,7 @@ from pathlib import Path
 import aiohttp
 
 REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "server" / "default_model"
 GENERATED = re.compile(rb"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", re.MULTILINE)
 
 
@@ -75,7 +76,8 @@ class Server:
         env = os.environ | {"OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
         if import_from is not None:
             env["PYTHONPATH"] = str(import_from)
-        command = [sys.executable, "-m", "kvserve.server.cli", "serve"]
+        command = [sys.executable, "-m", "kvserve.server.cli", "serve", "--model", str(DEMO)]
+        command += ["--served-model-name", "kvserve-demo"]
         command += ["--host", "127.0.0.1", "--port", str(self.port)]
         with log.open("wb") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -6,7 +6,8 @@
 
 ``--kvserve`` and ``--vllm VLLM`` start ``kvserve serve`` and ``vllm serve`` themselves on
 the same model (default: the 134M benchmark model of checkpoint.py, or another of its
-shapes with ``--shape``), same dtype, same
+shapes with ``--shape``, or ``--shape smollm2-135m-instruct``: the real default model's GGUF,
+fetched if missing), same dtype, same
 max_model_len, same KV-cache budget, prefix caching on, one after the other (never both at
 once; each stopped with SIGTERM before the next starts, each with fresh cache directories).
 With ``--rounds N`` every target runs every workload N times, the targets taking turns
@@ -50,6 +51,9 @@ from machine import cpu_flags, cpu_model, describe, loadavg
 from server_launch import command, environment, free_port, spawn, stop, vllm_version, wait_ready
 from serving_client import Record, prefix_cache_counts, stream_completion
 from serving_report import Slo, Summary, plot, summarize, workload_table
+
+from kvserve.engine.models.gguf_checkpoint import gguf_config
+from kvserve.server import smollm2
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -138,7 +142,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--vllm", metavar="VLLM", help="start `VLLM serve` (VLLM: vLLM's CLI) and run on it"
     )
     p.add_argument("--model", type=Path, help="checkpoint (default: one built of --shape)")
-    p.add_argument("--shape", choices=list(SHAPES), default="llama-134m", help="checkpoint.py's")
+    p.add_argument("--shape", choices=[*SHAPES, smollm2.SERVED_NAME], default="llama-134m",
+                   help="checkpoint.py's, or the real default model")  # fmt: skip
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--max-model-len", type=int, help="default: the model's positions (servers "
                    "started here) or /v1/models' max_model_len (--url)")  # fmt: skip
@@ -349,7 +354,8 @@ def started(
 
 def model_facts(model: Path) -> tuple[int, int]:
     """The checkpoint's vocabulary size and positions."""
-    config = json.loads((model / "config.json").read_text())
+    gguf = model.suffix == ".gguf"
+    config = gguf_config(model) if gguf else json.loads((model / "config.json").read_text())
     return config["vocab_size"], config["max_position_embeddings"]
 
 
@@ -437,7 +443,10 @@ def main() -> None:
     print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; /proc/loadavg: {load_before}")
     workdir = Path(tempfile.mkdtemp(prefix="kvserve-serving-"))
     model = args.model
-    if model is None and (args.kvserve or args.vllm):
+    if model is None and args.shape == smollm2.SERVED_NAME:
+        model = smollm2.fetch()
+        model_text = f"SmolLM2-135M-Instruct ({smollm2.FILE}, real weights)"
+    elif model is None and (args.kvserve or args.vllm):
         model = build_checkpoint(
             workdir / f"model-{args.shape}", DTYPES[args.dtype], shape=args.shape
         ).directory

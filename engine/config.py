@@ -41,7 +41,13 @@ class EngineConfig:
     Each field is declared once with ``setting`` (``engine/settings.py``): its ``serve`` flag,
     ``KVSERVE_*`` variable, choices, minimum and, with a ``Crd``, its LLMDeployment field."""
 
-    model: str = setting(help="checkpoint directory (default: the embedded demo model)")
+    model: str = setting(
+        help="checkpoint directory or GGUF file (default: SmolLM2-135M-Instruct once fetched, "
+        "else the embedded demo model)"
+    )
+    tokenizer: str | None = setting(
+        None, help="tokenizer directory or GGUF file (default: the model's own)"
+    )
     dtype: str = setting("auto", choices=("auto", *DTYPES), crd=Crd(defaulted=True))
     device: str = setting("auto", choices=DEVICES)
     max_num_seqs: int = setting(64, minimum=1, crd=Crd())

@@ -5,7 +5,6 @@ import logging
 from collections.abc import Callable
 
 import torch
-from transformers import AutoTokenizer
 
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.core.kv_cache_manager import KVCacheManager
@@ -30,6 +29,7 @@ from kvserve.engine.sampler import Sampler
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.startup import StartupPhases
 from kvserve.engine.structured.compiler import GrammarCompiler
+from kvserve.engine.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 # Failed model forwards in a row after which the engine gives up (the device is broken).
@@ -52,7 +52,7 @@ class LLMEngine:
         self.startup = StartupPhases()
         with self.startup.measure("load"):
             self.model_config = ModelConfig.from_dir(config.model, config.quantization)
-            self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+            self.tokenizer = load_tokenizer(config.model, config.tokenizer)
         plan = plan_execution(config, self.model_config)
         eos = set(self.model_config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:

@@ -14,9 +14,12 @@ from kvserve.conformance.command import conformance_parser
 from kvserve.conformance.command import run as run_conformance
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.settings import Declared, declared
+from kvserve.server import smollm2
 from kvserve.server.server_settings import SERVE_SETTINGS
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model"
+"""The embedded demo model: what ``serve`` answers with until SmolLM2 is fetched."""
+DEMO_MODEL_NAME = "kvserve-demo"
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
@@ -70,10 +73,20 @@ def serve_parser(
     return parser
 
 
+def default_model() -> tuple[Path, str]:
+    """The model ``serve`` answers with when no ``--model`` is given, and its served name:
+    SmolLM2-135M-Instruct once fetched into the cache (``server/smollm2.py``), else the
+    embedded demo model."""
+    real = smollm2.cached()
+    if real is not None:
+        return real, smollm2.SERVED_NAME
+    return DEFAULT_MODEL, DEMO_MODEL_NAME
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine's settings from parsed ``serve`` flags; ``ValueError`` names a bad one."""
     values = {d.name: getattr(args, d.name) for d in declared(EngineConfig)}
-    return EngineConfig(**{**values, "model": str(args.model or DEFAULT_MODEL)})
+    return EngineConfig(**{**values, "model": str(args.model or default_model()[0])})
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,8 +15,9 @@ from kvserve.engine.async_llm import AsyncLLM
 from kvserve.engine.engine_builder import build_engine
 from kvserve.engine.frozen_heap import frozen_heap
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.server import smollm2
 from kvserve.server.app import build_app
-from kvserve.server.cli import engine_config
+from kvserve.server.cli import DEFAULT_MODEL, default_model, engine_config
 from kvserve.server.drain import DrainState
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.metrics_info import cache_config_labels
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from kvserve.server.tracing import RequestTracer
 
 log = logging.getLogger("kvserve.server")
-DEFAULT_MODEL_NAME = "kvserve-demo"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # After the drain deadline: how long the cut responses get to send their last bytes, and
 # then how long aiohttp waits for any handler left before cancelling it.
@@ -55,6 +55,17 @@ class LoadProgress:
 
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    name = args.served_model_name or args.model
+    if not args.model:
+        args.model, default_name = default_model()
+        name = name or default_name
+        if args.model == DEFAULT_MODEL:
+            log.warning(
+                "SmolLM2-135M-Instruct is not in %s (`python -m kvserve.server.smollm2` fetches "
+                "it; make setup runs it): serving the embedded demo model %s",
+                smollm2.model_path().parent,
+                default_name,
+            )
     try:
         config = engine_config(args)
         engine = build_engine(config, LoadProgress())
@@ -68,7 +79,6 @@ def serve(args: argparse.Namespace) -> int:
         plan.num_kv_blocks // plan.max_blocks_per_seq,
         plan.max_model_len,
     )
-    name = args.served_model_name or (args.model if args.model else DEFAULT_MODEL_NAME)
     try:
         tracer = _tracer(args)
     except ValueError as exc:
@@ -95,6 +105,7 @@ async def _serve(
         max_waiting_requests=args.max_waiting_requests,
         body_timeout=args.request_body_timeout,
         auto_tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
+        reasoning_parser=args.reasoning_parser,
         tracer=tracer,
     )
     runner = web.AppRunner(

@@ -10,6 +10,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
+    GptOssConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
@@ -59,6 +60,7 @@ CONFIGS = {
     "qwen2_moe": Qwen2MoeConfig,
     "qwen3_moe": Qwen3MoeConfig,
     "mixtral": MixtralConfig,
+    "gpt_oss": GptOssConfig,
 }
 BASE = dict(
     vocab_size=VOCAB_SIZE,
@@ -77,8 +79,13 @@ BASE = dict(
 
 
 @functools.cache
-def trained_tokenizer() -> PreTrainedTokenizerFast:
-    """A 512-token byte-level BPE trained on a few standard-library sources."""
+def trained_tokenizer(
+    special_tokens: tuple[str, ...] = tuple(SPECIAL_TOKENS),
+    eos_token: str = "<|endoftext|>",
+    chat_template: str = CHAT_TEMPLATE,
+) -> PreTrainedTokenizerFast:
+    """A 512-token byte-level BPE trained on a few standard-library sources, its
+    ``special_tokens`` first (ids 0, 1, ...)."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = [str(stdlib / name) for name in ("textwrap.py", "string/__init__.py", "shlex.py")]
     tokenizer = Tokenizer(models.BPE())
@@ -86,15 +93,15 @@ def trained_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train([f for f in files if Path(f).exists()], trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
+        eos_token=eos_token,
+        pad_token=eos_token,
+        chat_template=chat_template,
     )
 
 

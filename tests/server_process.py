@@ -22,14 +22,16 @@ def _free_port() -> int:
 
 
 class ServerProcess:
-    """``with ServerProcess(model, "--max-num-seqs", "4") as server:`` → ready to serve."""
+    """``with ServerProcess(model, "--max-num-seqs", "4") as server:`` → ready to serve;
+    ``model`` None: no ``--model`` (the default model, under its own name)."""
 
-    def __init__(self, model: Path, *args: str, log: Path) -> None:
+    def __init__(self, model: Path | None, *args: str, log: Path) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
+        named = [] if model is None else ["--model", str(model), "--served-model-name", "tiny"]
         self.command = [
-            str(KVSERVE), "serve", "--model", str(model), "--served-model-name", "tiny",
+            str(KVSERVE), "serve", *named,
             "--host", "127.0.0.1", "--port", str(self.port), "--api-key", API_KEY, *args,
         ]  # fmt: skip
         self.process: subprocess.Popen | None = None

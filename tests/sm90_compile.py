@@ -22,10 +22,24 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kvserve.engine.kernels import triton_attention, triton_fp8_gemm, triton_fused, triton_w4a16
+from kvserve.engine.kernels import (
+    triton_attention,
+    triton_causal_conv1d,
+    triton_delta_rule,
+    triton_fp8_gemm,
+    triton_fused,
+    triton_w4a16,
+)
 
 HOPPER = GPUTarget("cuda", 90, 32)
-MODULES = (triton_attention, triton_fused, triton_w4a16, triton_fp8_gemm)
+MODULES = (
+    triton_attention,
+    triton_fused,
+    triton_w4a16,
+    triton_fp8_gemm,
+    triton_delta_rule,
+    triton_causal_conv1d,
+)
 INDEX_POINTERS = {
     "block_tables_ptr": "*i32",
     "query_start_loc_ptr": "*i32",
@@ -35,6 +49,7 @@ INDEX_POINTERS = {
     "split_acc_ptr": "*fp32",
     "split_max_ptr": "*fp32",
     "split_sum_ptr": "*fp32",
+    "sinks_ptr": "*fp32",
     "qweight_ptr": "*i32",
     "g_idx_ptr": "*i32",
     "a_scale_ptr": "*fp32",
@@ -51,7 +66,7 @@ def report(
     aligned: tuple[str, ...] = (),
 ) -> dict[str, int]:
     """Tensors in ``dtype`` (``pointers`` name others' types), int32 strides and sizes, fp32
-    scales and eps."""
+    scales, eps and soft-caps."""
     fn = next(getattr(module, kernel) for module in MODULES if hasattr(module, kernel))
     pointer_types = {**INDEX_POINTERS, **(pointers or {})}
     signature = {}
@@ -61,7 +76,8 @@ def report(
         elif name.endswith("_ptr"):
             signature[name] = pointer_types.get(name, f"*{dtype}")
         else:
-            signature[name] = "fp32" if name == "eps" or name.endswith("scale") else "i32"
+            floats = name in ("eps", "softcap") or name.endswith("scale")
+            signature[name] = "fp32" if floats else "i32"
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     log = io.StringIO()
     with contextlib.redirect_stdout(log):

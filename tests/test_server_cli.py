@@ -39,6 +39,7 @@ def test_seed_flag_and_environment_reach_the_engine(monkeypatch):
 def test_every_engine_setting_is_a_flag_and_an_environment_variable(monkeypatch):
     """``EngineConfig``'s fields, each set through its ``KVSERVE_*`` variable, arrive as set."""
     values = {
+        "KVSERVE_TOKENIZER": "/t",
         "KVSERVE_DTYPE": "bfloat16",
         "KVSERVE_DEVICE": "cpu",
         "KVSERVE_MAX_NUM_SEQS": "3",
@@ -64,6 +65,7 @@ def test_every_engine_setting_is_a_flag_and_an_environment_variable(monkeypatch)
     config = engine_config(build_parser().parse_args(["serve", "--model", "/m"]))
     assert dataclasses.asdict(config) == {
         "model": "/m",
+        "tokenizer": "/t",
         "dtype": "bfloat16",
         "device": "cpu",
         "max_num_seqs": 3,

@@ -99,9 +99,11 @@ class DecoderLayer(nn.Module):
         tp: TensorParallel,
         prefix: str,
         mlp: nn.Module,
+        attention_kind: Mapping[str, Any],
     ) -> None:
         """``prefix``: the checkpoint's name of this layer (``model.layers.3``); ``mlp``: its
-        MLP (``DecoderLM.build_mlp``)."""
+        MLP (``DecoderLM.build_mlp``); ``attention_kind``: ``Attention``'s keywords that
+        set this layer's apart (``DecoderLM.attention_kind``)."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         attn, quant = f"{prefix}.self_attn", cfg.quantization
@@ -118,6 +120,7 @@ class DecoderLayer(nn.Module):
             tp=tp,
             qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
             o_method=linear_method(quant, [f"{attn}.o_proj"]),
+            **attention_kind,
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp
@@ -169,9 +172,12 @@ class DecoderLM(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         prefixes = [f"model.layers.{i}" for i in range(cfg.num_layers)]
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, switches, self.rotary, backend, tp, p, self.build_mlp(i, p))
+            DecoderLayer(
+                cfg, switches, self.rotary, backend, tp, p, self.build_mlp(i, p),
+                self.attention_kind(i),
+            )
             for i, p in enumerate(prefixes)
-        )
+        )  # fmt: skip
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
 
@@ -179,6 +185,12 @@ class DecoderLM(nn.Module):
         """The MLP of layer ``layer`` (``prefix``: the checkpoint's name of the layer): the
         dense one; a mixture-of-experts family puts its MoE block where its config says."""
         return MLP(self.config, self.tp, f"{prefix}.mlp")
+
+    def attention_kind(self, layer: int) -> Mapping[str, Any]:
+        """``Attention``'s ``sliding_window``, ``sinks``, ``softcap`` and ``scale`` for layer
+        ``layer`` where they are not the defaults: its window from ``layer_windows``."""
+        windows = self.config.layer_windows
+        return {"sliding_window": windows[layer]} if windows else {}
 
     def checkpoint_tensors(self) -> Mapping[str, tuple[str, Any]]:
         """Checkpoint tensor names within a layer (``mlp.experts.3.up_proj.weight``) that

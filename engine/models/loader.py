@@ -1,4 +1,5 @@
-"""Hugging Face safetensors checkpoints → a ready DecoderLM, each rank reading its shard."""
+"""Hugging Face safetensors checkpoints (or GGUF files) → a ready DecoderLM, each rank
+reading its shard."""
 
 import contextlib
 import json
@@ -15,11 +16,13 @@ from kvserve.engine.layers.linear import (
     LinearBase,
     Transform,
     default_weight_loader,
+    shape_of,
 )
 from kvserve.engine.layers.moe.fused_moe import FusedMoE
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models import registry
 from kvserve.engine.models.decoder import DecoderLM
+from kvserve.engine.models.gguf_checkpoint import GGUFTensors, gguf_file
 from kvserve.engine.models.model_config import ModelConfig
 
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
@@ -43,7 +46,11 @@ _KV_SCALES = {
 
 
 def checkpoint_files(path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint, sharded (with an index) or not."""
+    """The safetensors files of a checkpoint, sharded (with an index) or not; or its one GGUF
+    file."""
+    gguf = gguf_file(path)
+    if gguf is not None:
+        return [gguf]
     index = path / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -80,7 +87,8 @@ def load_model(
     files = checkpoint_files(path)
     has_lm_head = False
     for done, file in enumerate(files, start=1):
-        with safe_open(str(file), framework="pt") as handle:
+        opened = GGUFTensors(file) if file.suffix == ".gguf" else safe_open(str(file), "pt")
+        with opened as handle:
             for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if _IGNORED.match(name):
                     continue
@@ -97,7 +105,7 @@ def load_model(
                     else:
                         weight_loader(param, transform(handle.get_tensor(name)), shard_id)
                 except (RuntimeError, ValueError) as e:
-                    shape = list(handle.get_slice(name).get_shape())
+                    shape = list(shape_of(handle.get_slice(name)))
                     raise ValueError(
                         f"checkpoint tensor {name!r} (shape {shape}) does not fit {target} "
                         f"(this rank's part: {list(param.shape)}): {e}"

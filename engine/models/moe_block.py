@@ -53,7 +53,7 @@ class SparseMoeBlock(nn.Module):
         gate = linear_method(quant, [f"{prefix}.gate"])
         self.gate = ReplicatedLinear(cfg.hidden_size, moe.num_experts, False, tp, gate)
         self.experts = FusedMoE(
-            moe.num_experts, cfg.hidden_size, moe.intermediate_size, tp, moe.intermediate_name
+            moe.num_experts, cfg.hidden_size, moe.intermediate_size, tp, what=moe.intermediate_name
         )
         self.shared_expert: MLP | None = None
         self.shared_expert_gate: ReplicatedLinear | None = None

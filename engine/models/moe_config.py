@@ -1,7 +1,9 @@
 """The mixture-of-experts facts of a checkpoint's config.json (Qwen2-MoE, Qwen3-MoE,
-Mixtral), as transformers spells them."""
+Mixtral, gpt-oss), as transformers spells them."""
 
 from dataclasses import dataclass
+
+from kvserve.engine.layers.activation import SWIGLU_ALPHA, SWIGLU_LIMIT
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,9 @@ class MoEConfig:
         num_experts = raw.get("num_experts") or raw.get("num_local_experts")
         if not num_experts:
             return None
-        mixtral = family == "mixtral"
+        mixtral = family in ("mixtral", "gpt_oss")  # one intermediate_size, the experts'
+        if family == "gpt_oss":
+            _check_swiglu(raw)
         return cls(
             num_experts=num_experts,
             top_k=raw["num_experts_per_tok"],
@@ -55,3 +59,10 @@ class MoEConfig:
             shared_expert_intermediate_size=raw.get("shared_expert_intermediate_size") or None,
             intermediate_name="intermediate_size" if mixtral else "moe_intermediate_size",
         )
+
+
+def _check_swiglu(raw: dict) -> None:
+    """gpt-oss's clamped SwiGLU runs with its constants (``layers.activation``)."""
+    for name, value in (("swiglu_alpha", SWIGLU_ALPHA), ("swiglu_limit", SWIGLU_LIMIT)):
+        if raw.get(name, value) != value:
+            raise ValueError(f"unsupported {name} {raw[name]!r}; gpt-oss's experts use {value}")

@@ -16,6 +16,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("qwen2_moe", "qwen2_moe.Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "qwen3_moe.Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "mixtral.MixtralForCausalLM"),
+    "GptOssForCausalLM": ("gpt_oss", "gpt_oss.GptOssForCausalLM"),
 }
 
 

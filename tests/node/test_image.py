@@ -2,8 +2,9 @@
 
 The pods need: a numeric non-root user (runAsNonRoot checks it without /etc/passwd), HOME on
 the /tmp emptyDir (the root filesystem is read-only), the demo model at the path the README
-and the samples name, and the CPU kernels' library prebuilt (for every x86-64 CPU: it picks
-its SIMD path at run time), because the image has no compiler. The module fixture builds the
+and the samples name, SmolLM2-135M-Instruct's GGUF where `kvserve serve` with no model finds
+it, and the CPU kernels' library prebuilt (for every x86-64 CPU: it picks its SIMD path at
+run time), because the image has no compiler. The module fixture builds the
 image first (cached: the e2e scenarios' fixture builds the same one). KVSERVE_SKIP_E2E=1 skips
 these tests, as the scenarios, and so does a user other than root (the build needs root).
 """
@@ -20,11 +21,13 @@ import pytest
 from k8s.support import BUILD_TIMEOUT, build_image
 
 from kvserve.engine.kernels import cpu_library
+from kvserve.server import smollm2
 from kvserve.server.cli import DEFAULT_MODEL
 
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT + 300)  # the first test's setup may build it cold
 KERNEL_DIR = "/opt/kvserve/kernels"
 DEMO = "/opt/kvserve/models/demo"
+SMOLLM2 = f"/opt/kvserve/models/{smollm2.SERVED_NAME}"
 
 if os.environ.get("KVSERVE_SKIP_E2E") == "1":
     pytest.skip("KVSERVE_SKIP_E2E=1: the image tests are skipped", allow_module_level=True)
@@ -65,7 +68,9 @@ class Image:
 
 def _read(name: str) -> bool:
     """The files whose bytes the tests compare (the rest is skipped unread)."""
-    return name.startswith("opt/kvserve/kernels/") or name.endswith("model/model.safetensors")
+    return name.startswith("opt/kvserve/kernels/") or name.endswith(
+        ("model/model.safetensors", f"/{smollm2.FILE}")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +127,13 @@ def test_demo_model_is_the_servers_default_model(image):
     assert hashlib.sha256(weights.data).hexdigest() == hashlib.sha256(expected).hexdigest()
     for name in sorted(p.name for p in Path(DEFAULT_MODEL).iterdir()):
         assert image.resolve(f"{DEMO}/{name}") in image.files, name
+
+
+def test_smollm2_is_carried_and_is_the_default_without_a_model(image):
+    gguf = image.files[image.resolve(f"{SMOLLM2}/{smollm2.FILE}")]
+    assert hashlib.sha256(gguf.data).hexdigest() == smollm2.SHA256
+    env = dict(e.split("=", 1) for e in image.config["Env"])
+    assert str(smollm2.model_path(Path(env["KVSERVE_CACHE_DIR"]))) == f"{SMOLLM2}/{smollm2.FILE}"
 
 
 def test_cpu_kernels_are_prebuilt_and_no_compiler_is_shipped(image, monkeypatch):

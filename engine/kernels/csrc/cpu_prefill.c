@@ -14,6 +14,12 @@
  * into the outputs' normalisation (not with bf16_dots); without kv_fp8 the scales are
  * ignored.
  *
+ * The attention kinds (kvserve's AttentionBackend.attend): window > 0, a query at p sees
+ * keys p - window < j <= p, and each sequence's keys are packed from the tile holding its
+ * first query's first visible key, those before it as zeros (their blocks are never read);
+ * softcap > 0, each score s becomes softcap * tanh(s / softcap) before the softmax; sinks
+ * (NULL: none), one float32 logit per head that joins each row's softmax sum.
+ *
  * Two phases on OpenMP threads (torch's, see cpu_decode.c). First every sequence's keys and
  * values are packed once, per kv head, into float32 tiles of KEY_TILE keys (bf16 with
  * bf16_dots; the values transposed), in one buffer of 8 * head_dim * num_kv_heads bytes per key (every sequence's
@@ -42,13 +48,27 @@
 struct prefill_args {
     const void *q, *key_cache, *value_cache;
     const int32_t *tables, *seq_lens, *query_starts, *query_lens;
-    const int *first_tiles; /* sequence s's packed tiles start at tile first_tiles[s] */
+    const int *first_tiles; /* sequence s's tile first_tile() is packed tile first_tiles[s] */
     void *out;
     int num_heads, num_kv_heads, head_dim, block_size, table_stride, is_bf16, bf16_dots;
     int kv_fp8;    /* e4m3 caches */
     float scale;   /* the softmax scale times k_scale */
     float v_scale; /* the outputs' factor: 1 for a 16-bit cache */
+    const float *sinks; /* [num_heads] logits or NULL */
+    int window;         /* 0: none */
+    float softcap;      /* 0: none */
 };
+
+/* The first key that a query at position p sees. */
+static inline int first_visible(const struct prefill_args *a, int p) {
+    return a->window > 0 && p >= a->window ? p - a->window + 1 : 0;
+}
+
+/* The first key tile of sequence s that is packed: the one holding its first query's first
+ * visible key. */
+static inline int first_tile(const struct prefill_args *a, int s) {
+    return first_visible(a, a->seq_lens[s] - a->query_lens[s]) / KEY_TILE;
+}
 
 /* The element where row r of sequence s's chunk (query token r / group, head r % group of
  * kv head kv_head's group) starts in q and out. */
@@ -74,24 +94,31 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
                   const int32_t *query_lens, void *out, int num_seqs, int num_heads,
                   int num_kv_heads, int head_dim, int block_size, int table_stride, float scale,
                   int is_bf16, int bf16_dots, int kv_fp8, float k_scale, float v_scale,
-                  int num_threads, int isa) {
+                  const float *sinks, int window, float softcap, int num_threads, int isa) {
     if (head_dim % 16 != 0) return -1;
     if (!isa_usable(isa)) return -1;
     if (bf16_dots && !(is_bf16 && !kv_fp8 && isa == ISA_AVX512 && dpbf16_usable())) return -1;
     const pack_tile_fn pack = PICK(pack_tile, isa);
     const prefill_item_fn item = PICK(prefill_item, isa);
     const int item_rows = PICK(item_rows, isa)(), group = num_heads / num_kv_heads;
+    int *first_tiles = malloc(sizeof(int) * (num_seqs > 0 ? num_seqs : 1));
+    const struct prefill_args a = {q,          key_cache,    value_cache,  tables,
+                                   seq_lens,   query_starts, query_lens,   first_tiles,
+                                   out,        num_heads,    num_kv_heads, head_dim,
+                                   block_size, table_stride, is_bf16,      bf16_dots,
+                                   kv_fp8,     kv_fp8 ? scale * k_scale : scale,
+                                   kv_fp8 ? v_scale : 1.0f,  sinks,        window,
+                                   softcap};
     /* Items (sequence, kv head, first row, rows, keys it reads), the most keys first; tiles
      * (sequence, its tile index) in packing order. */
     int num_items = 0, num_tiles = 0;
     for (int s = 0; s < num_seqs; s++) {
         num_items += (query_lens[s] * group + item_rows - 1) / item_rows * num_kv_heads;
-        num_tiles += (seq_lens[s] + KEY_TILE - 1) / KEY_TILE;
+        num_tiles += (seq_lens[s] + KEY_TILE - 1) / KEY_TILE - first_tile(&a, s);
     }
     const int64_t tile_floats = 2 * (int64_t)head_dim * KEY_TILE;
     int(*items)[5] = malloc(sizeof(int[5]) * (num_items > 0 ? num_items : 1));
     int(*tiles)[2] = malloc(sizeof(int[2]) * (num_tiles > 0 ? num_tiles : 1));
-    int *first_tiles = malloc(sizeof(int) * (num_seqs > 0 ? num_seqs : 1));
     float *packed = workspace(WORKSPACE_SHARED, sizeof(float) * tile_floats * num_kv_heads *
                                                     (num_tiles > 0 ? num_tiles : 1));
     int failed = items == NULL || tiles == NULL || first_tiles == NULL || packed == NULL;
@@ -99,7 +126,7 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
     int n = 0, k = 0;
     for (int s = 0; s < num_seqs; s++) {
         first_tiles[s] = k;
-        for (int t = 0; t * KEY_TILE < seq_lens[s]; t++, k++) {
+        for (int t = first_tile(&a, s); t * KEY_TILE < seq_lens[s]; t++, k++) {
             tiles[k][0] = s;
             tiles[k][1] = t;
         }
@@ -112,16 +139,11 @@ int paged_prefill(const void *q, const void *key_cache, const void *value_cache,
                 items[n][1] = h;
                 items[n][2] = r0;
                 items[n][3] = count;
-                items[n][4] = seq_lens[s] - query_lens[s] + (r0 + count - 1) / group + 1;
+                items[n][4] = seq_lens[s] - query_lens[s] + (r0 + count - 1) / group + 1 -
+                              first_visible(&a, seq_lens[s] - query_lens[s] + r0 / group);
             }
     }
     qsort(items, n, sizeof items[0], most_keys_first);
-    const struct prefill_args a = {q,          key_cache,    value_cache,  tables,
-                                   seq_lens,   query_starts, query_lens,   first_tiles,
-                                   out,        num_heads,    num_kv_heads, head_dim,
-                                   block_size, table_stride, is_bf16,      bf16_dots,
-                                   kv_fp8,     kv_fp8 ? scale * k_scale : scale,
-                                   kv_fp8 ? v_scale : 1.0f};
     /* an item's queries and outputs transposed, one tile's scores and their bf16 pairs; first,
      * a tile's values on their way to being transposed */
     const size_t item_floats = (2 * (size_t)head_dim + KEY_TILE + KEY_TILE / 2) * item_rows;

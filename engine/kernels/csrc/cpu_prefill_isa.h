@@ -13,6 +13,14 @@
 #include "cpu_exp_isa.h"
 #include "cpu_tile_isa.h"
 
+/* softcap * tanh(x / softcap) in each lane, as (1 - e) / (1 + e) with e = e^(-2|x| / softcap)
+ * (exp_lanes' argument <= 0) and x's sign. */
+static inline __attribute__((always_inline)) vec FN(soft_cap)(vec x, float cap) {
+    const veci sign = (veci)x & (int)0x80000000u;
+    const vec e = FN(exp_lanes)((vec)((veci)x & ~sign) * (-2.0f / cap));
+    return (vec)((veci)((1.0f - e) / (1.0f + e) * cap) | sign);
+}
+
 /* An item's rows: one panel. */
 static int FN(item_rows)(void) { return NR; }
 
@@ -22,7 +30,8 @@ static int FN(item_rows)(void) { return NR; }
  * or with bf16_dots as bf16 with an odd count's next value 0 (the dot products read keys in
  * pairs); nothing past that (no item reads it). Each cache row is copied whole (a vector
  * copy or conversion), the values into `buffer` (KEY_TILE * head_dim floats), transposed
- * from there into vt. */
+ * from there into vt. Keys before the sequence's first visible one (a window's) are zeros,
+ * their blocks unread. */
 static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int tile, float *kp,
                           float *buffer) {
     const int hd = a->head_dim, row_len = a->num_kv_heads * hd;
@@ -30,7 +39,13 @@ static void FN(pack_tile)(const struct prefill_args *a, int s, int kv_head, int 
     const int left = a->seq_lens[s] - tile * KEY_TILE, keys = left < KEY_TILE ? left : KEY_TILE;
     const int widen = a->is_bf16 && !a->bf16_dots; /* else rows are copied as stored */
     const size_t width = a->is_bf16 ? sizeof(uint16_t) : sizeof(float), row_bytes = width * hd;
-    for (int j = 0; j < keys; j++) {
+    const int first = first_visible(a, a->seq_lens[s] - a->query_lens[s]) - tile * KEY_TILE;
+    const size_t packed_bytes = a->bf16_dots ? row_bytes : sizeof(float) * hd;
+    for (int j = 0; j < first; j++) {
+        memset((char *)kp + j * packed_bytes, 0, packed_bytes);
+        memset((char *)buffer + j * packed_bytes, 0, packed_bytes);
+    }
+    for (int j = first > 0 ? first : 0; j < keys; j++) {
         const int64_t offset = row_offset(table, tile * KEY_TILE + j, a->block_size, row_len) +
                                (int64_t)kv_head * hd;
         if (a->kv_fp8) {
@@ -92,13 +107,16 @@ static void FN(panel_rows)(const float *x, int64_t x_stride, const float *panel,
 /* Rows [row0, row0 + rows) of sequence s's chunk (row r: query token r / group, head
  * r % group of kv head kv_head's group) in the first `vecs` vectors of lanes (a constant
  * once inlined) against its packed key tiles, with an online softmax per lane; each key tile
- * is cut at the last key the item's last row sees. Scratch: the queries and outputs
+ * is cut at the last key the item's last row sees, and the tiles start at the one holding
+ * the first key its first row sees (a window's). `kinds`: a window or a soft-cap is set (a
+ * constant once inlined: without, the loops are those of plain causal attention). Scratch: the queries and outputs
  * transposed, [head_dim][NR] each (with bf16_dots the queries as a panel of dim pairs), one
  * tile's scores, [KEY_TILE][NR], and with bf16_dots their panel of key pairs. */
 static inline __attribute__((always_inline)) void FN(item_lanes)(const struct prefill_args *a,
                                                                  const float *packed, int s,
                                                                  int kv_head, int row0, int rows,
-                                                                 int vecs, float *scratch) {
+                                                                 int vecs, int kinds,
+                                                                 float *scratch) {
     const int hd = a->head_dim, group = a->num_heads / a->num_kv_heads, q_len = a->query_lens[s];
     const int lanes = vecs * VEC;
     const int first_pos = a->seq_lens[s] - q_len; /* the chunk's first query's position */
@@ -106,6 +124,7 @@ static inline __attribute__((always_inline)) void FN(item_lanes)(const struct pr
     uint16_t *pairs = (uint16_t *)(ot + hd * NR); /* bf16_dots: P^T's panel */
     const int dots = a->bf16_dots;
     int visible_end[NR]; /* keys below it are visible to the lane's row (none to padding) */
+    int visible_start[NR]; /* and from it on (a window's; 0 without) */
     for (int c = 0; c < lanes; c++) {
         const int r = row0 + c;
         const int64_t offset = row_element(a, s, kv_head, r);
@@ -119,20 +138,26 @@ static inline __attribute__((always_inline)) void FN(item_lanes)(const struct pr
             for (int d = 0; d < hd; d++)
                 qt[d * NR + c] = c < rows ? load(a->q, offset + d, a->is_bf16) * a->scale : 0.0f;
         visible_end[c] = c < rows ? first_pos + r / group + 1 : 0;
+        visible_start[c] = c < rows ? first_visible(a, first_pos + r / group) : 0;
     }
     for (int d = 0; d < hd; d++) memset(ot + d * NR, 0, sizeof(float) * lanes);
     vec row_max[NR_VECS], row_sum[NR_VECS];
-    veci ends[NR_VECS];
+    veci ends[NR_VECS], starts[NR_VECS];
     for (int c = 0; c < vecs; c++) {
         row_max[c] = (vec){0} + MASKED;
         row_sum[c] = (vec){0};
         memcpy(&ends[c], visible_end + VEC * c, sizeof ends[c]);
+        memcpy(&starts[c], visible_start + VEC * c, sizeof starts[c]);
     }
     const int64_t tile_floats = 2 * (int64_t)hd * KEY_TILE;
     const float *tiles = packed + (int64_t)a->first_tiles[s] * a->num_kv_heads * tile_floats;
+    const int packed_from = first_tile(a, s); /* the tile at `tiles` */
     const int first_end = visible_end[0], last_end = visible_end[rows - 1];
-    for (int t0 = 0; t0 < last_end; t0 += KEY_TILE) {
-        const float *kp = tiles + ((int64_t)(t0 / KEY_TILE) * a->num_kv_heads + kv_head) * tile_floats;
+    const int last_start = visible_start[rows - 1], windowed = kinds && a->window > 0;
+    const float cap = kinds ? a->softcap : 0.0f;
+    for (int t0 = visible_start[0] / KEY_TILE * KEY_TILE; t0 < last_end; t0 += KEY_TILE) {
+        const float *kp =
+            tiles + ((int64_t)(t0 / KEY_TILE - packed_from) * a->num_kv_heads + kv_head) * tile_floats;
         const float *vt = kp + (int64_t)hd * KEY_TILE;
         const int keys = last_end - t0 < KEY_TILE ? last_end - t0 : KEY_TILE;
         for (int j = 0; j < keys; j += MR) {
@@ -146,17 +171,20 @@ static inline __attribute__((always_inline)) void FN(item_lanes)(const struct pr
         const vec scale = (vec){0} + a->scale;
         vec tile_max[NR_VECS];
         for (int c = 0; c < vecs; c++) tile_max[c] = row_max[c];
+        const int in_part = t0 + keys > first_end || (windowed && t0 < last_start); /* in part */
         for (int j = 0; j < keys; j++)
             for (int c = 0; c < vecs; c++) {
                 vec x;
                 LOADV(x, st + j * NR + VEC * c);
                 if (dots) /* the queries went in unscaled */
                     x *= scale;
-                if (t0 + keys > first_end) { /* a tile some row sees only in part */
-                    const veci hidden = ((veci){0} + (t0 + j)) >= ends[c];
+                if (cap > 0.0f) x = FN(soft_cap)(x, cap);
+                if (in_part) {
+                    veci hidden = ((veci){0} + (t0 + j)) >= ends[c];
+                    if (windowed) hidden |= ((veci){0} + (t0 + j)) < starts[c];
                     x = (vec)(((veci)x & ~hidden) | ((veci)((vec){0} + MASKED) & hidden));
                 }
-                if (dots || t0 + keys > first_end) STOREV(st + j * NR + VEC * c, x);
+                if (dots || in_part || cap > 0.0f) STOREV(st + j * NR + VEC * c, x);
                 const veci above = x > tile_max[c];
                 tile_max[c] = (vec)(((veci)x & above) | ((veci)tile_max[c] & ~above));
             }
@@ -194,6 +222,17 @@ static inline __attribute__((always_inline)) void FN(item_lanes)(const struct pr
     }
     float inv[NR];
     for (int c = 0; c < vecs; c++) STOREV(inv + VEC * c, a->v_scale / row_sum[c]);
+    if (a->sinks != NULL) { /* each row's sink joins its sum */
+        float maxes[NR], sums[NR];
+        for (int c = 0; c < vecs; c++) {
+            STOREV(maxes + VEC * c, row_max[c]);
+            STOREV(sums + VEC * c, row_sum[c]);
+        }
+        for (int c = 0; c < rows; c++) {
+            const float sink = a->sinks[kv_head * group + (row0 + c) % group];
+            inv[c] = a->v_scale / (sums[c] + expf(sink - maxes[c]));
+        }
+    }
     for (int c = 0; c < rows; c++) {
         const int64_t offset = row_element(a, s, kv_head, row0 + c);
         for (int d = 0; d < hd; d++) store(a->out, offset + d, a->is_bf16, ot[d * NR + c] * inv[c]);
@@ -201,16 +240,20 @@ static inline __attribute__((always_inline)) void FN(item_lanes)(const struct pr
 }
 
 /* Rows [row0, row0 + rows) of sequence s's chunk (rows <= NR), in as few vectors of lanes
- * as hold them (item_lanes()). */
+ * as hold them (item_lanes()), with the attention kinds' loops only where a layer has one. */
 static void FN(prefill_item)(const struct prefill_args *a, const float *packed, int s, int kv_head,
                              int row0, int rows, float *scratch) {
-    const int vecs = (rows + VEC - 1) / VEC;
+    const int vecs = (rows + VEC - 1) / VEC, kinds = a->window > 0 || a->softcap > 0.0f;
+#define LANES(v)                                                            \
+    (kinds ? FN(item_lanes)(a, packed, s, kv_head, row0, rows, v, 1, scratch) \
+           : FN(item_lanes)(a, packed, s, kv_head, row0, rows, v, 0, scratch))
     if (vecs == NR_VECS)
-        FN(item_lanes)(a, packed, s, kv_head, row0, rows, NR_VECS, scratch);
+        LANES(NR_VECS);
     else if (vecs == 1)
-        FN(item_lanes)(a, packed, s, kv_head, row0, rows, 1, scratch);
+        LANES(1);
     else
-        FN(item_lanes)(a, packed, s, kv_head, row0, rows, 2, scratch);
+        LANES(2);
+#undef LANES
 }
 
 #undef NR

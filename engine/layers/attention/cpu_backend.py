@@ -9,13 +9,15 @@ keys and values in place through the block tables instead, on torch's own OpenMP
 of the qkv projection, one row copy per token. An e4m3 cache (``fp8_kv``) is written and read
 by the same kernels, each in a variant of its own (a branch outside the 16-bit loops): the
 store rounds each element, decode widens each block of rows to float32 as it reads it,
-prefill as it packs its tiles; neither takes bf16 dot products then.
+prefill as it packs its tiles; neither takes bf16 dot products then. Both take every
+attention kind (window, sinks, soft-cap).
 """
 
 import torch
 
 from kvserve.engine.kernels import cpu_library
 from kvserve.engine.layers.attention.fp8_kv import FP8, UNIT_SCALES, KVScales, is_fp8
+from kvserve.engine.layers.attention.kind import AttentionKind
 from kvserve.engine.layers.attention.torch_backend import TorchAttention
 from kvserve.engine.layers.cpu_linear import dpbf16_linear
 from kvserve.engine.layers.fused_ops import rows_of_heads
@@ -81,9 +83,12 @@ class CPUAttention(TorchAttention):
         seqs: list[int],
         scale: float,
         kv_scales: KVScales,
+        kind: AttentionKind,
     ):
         if not _kernels_take(query, key_cache):
-            return super()._decode(query, key_cache, value_cache, meta, seqs, scale, kv_scales)
+            return super()._decode(
+                query, key_cache, value_cache, meta, seqs, scale, kv_scales, kind
+            )
         tables, seq_lens = _sequences(meta, seqs)
         if not rows_of_heads(query):
             query = query.contiguous()
@@ -100,6 +105,7 @@ class CPUAttention(TorchAttention):
             num_seqs=len(seqs),
             scale=scale,
             kv_scales=kv_scales,
+            kind=kind,
         )
         return out
 
@@ -114,10 +120,11 @@ class CPUAttention(TorchAttention):
         starts,
         scale: float,
         kv_scales: KVScales,
+        kind: AttentionKind,
     ) -> None:
         if not _kernels_take(query, key_cache):
             super()._prefill_chunks(
-                query, out, key_cache, value_cache, meta, seqs, starts, scale, kv_scales
+                query, out, key_cache, value_cache, meta, seqs, starts, scale, kv_scales, kind
             )
             return
         if not seqs:
@@ -140,6 +147,7 @@ class CPUAttention(TorchAttention):
             num_seqs=len(seqs),
             scale=scale,
             kv_scales=kv_scales,
+            kind=kind,
         )
 
     def _run(
@@ -150,14 +158,19 @@ class CPUAttention(TorchAttention):
         value_cache: torch.Tensor,
         tables: torch.Tensor,
         kv_scales: KVScales,
+        kind: AttentionKind,
         **args: int | float,
     ) -> None:
         """Attention kernel ``kernel`` on ``args`` and what both take alike: the query, the
         caches and block tables with their geometry, the dtype, whether the caches are e4m3
-        (and their scales), whether bf16 dot products are taken (never over e4m3), torch's
-        thread count and this SIMD path."""
+        (and their scales), whether bf16 dot products are taken (never over e4m3), the
+        attention kind, torch's thread count and this SIMD path. The sinks are read in place
+        (a recorded step replays their address): float32 and contiguous."""
         _, num_heads, head_dim = query.shape
         fp8 = is_fp8(key_cache)
+        sinks = kind.sinks
+        if sinks is not None and not (sinks.dtype == torch.float32 and sinks.is_contiguous()):
+            raise ValueError("attention sinks must be a contiguous float32 tensor")
         cpu_library.run(
             kernel,
             q=query.data_ptr(),
@@ -174,6 +187,9 @@ class CPUAttention(TorchAttention):
             kv_fp8=int(fp8),
             k_scale=kv_scales.k,
             v_scale=kv_scales.v,
+            sinks=None if sinks is None else sinks.data_ptr(),
+            window=kind.window or 0,
+            softcap=kind.softcap or 0.0,
             num_threads=torch.get_num_threads(),
             isa=cpu_library.ISAS[self.isa],
             **args,

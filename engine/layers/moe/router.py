@@ -1,6 +1,6 @@
 """Routing: a token's router logits over the experts → the experts it goes through and the
 weight of each one's output. A routing is any callable of ``Routing``'s shape; the MoE
-block takes one, so a family with another rule (top-k then softmax) brings its own."""
+block takes one, so a family with another rule brings its own."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,3 +27,14 @@ class SoftmaxTopK:
         if self.renormalize:
             weights /= weights.sum(dim=-1, keepdim=True)
         return weights, ids.to(torch.int32)
+
+
+@dataclass(frozen=True)
+class TopKSoftmax:
+    """gpt-oss's rule: the ``top_k`` largest logits, then a softmax over those alone."""
+
+    top_k: int
+
+    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        top, ids = torch.topk(logits, self.top_k, dim=-1)
+        return torch.softmax(top, dim=-1, dtype=torch.float32), ids.to(torch.int32)
