@@ -708,6 +708,32 @@ def tensor_parallel_on_cpu(ctx: Context) -> str:
     return f"pod {pod.metadata.name}: 2 ranks (1 worker process); chat + 32-token stream"
 
 
+def real_model_answers(ctx: Context) -> str:
+    """crds/samples/cpu-smollm2.yaml, the real model the image carries: a sensible answer
+    through the Service (greedy), then deleted with its children."""
+    real = dataclasses.replace(ctx, name=f"{ctx.name}-real")
+    body = yaml.safe_load((ROOT / "crds" / "samples" / "cpu-smollm2.yaml").read_text())
+    body["metadata"]["name"] = real.name
+    body["spec"]["resources"] = {"cpu": "1", "memory": "3Gi"}  # the node's 2 cores are shared
+    real.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(body))
+    (pod,) = wait_ready(real, 1)
+    served = body["spec"]["model"]["servedName"]
+    url = real.cluster.service_url(real.namespace, real.name, HTTP_PORT)
+    with url as base, openai_client(base) as ai:
+        answer = ai.chat.completions.create(
+            model=served,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0,
+            max_tokens=16,
+        )
+    content = answer.choices[0].message.content or ""
+    assert "Paris" in content, answer
+    real.kubectl("delete", "llmd", real.name, "--wait=true", "--timeout=180s")
+    wait_for(lambda: not real.kubectl("get", CHILD_KINDS, "-o", "name").strip(),
+             f"every child of {real.name} collected", 180)  # fmt: skip
+    return f"pod {pod.metadata.name}: {served} answered {content!r}"
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -728,6 +754,7 @@ SCENARIOS = [
     Scenario("operator-restarted", operator_restart_duplicates_nothing),
     Scenario("delete-leaves-nothing", delete_leaves_nothing),
     Scenario("tensor-parallel-cpu", tensor_parallel_on_cpu),
+    Scenario("real-model-answers", real_model_answers),
 ]
 
 

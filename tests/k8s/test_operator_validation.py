@@ -22,6 +22,7 @@ from kvserve.operator.server_args import server_refusal
 from kvserve.operator.spec import InvalidSpec, parse_spec
 from kvserve.operator.status import build_status
 from kvserve.operator.validation import InvalidName, validated
+from kvserve.server import smollm2
 from kvserve.server.cli import DEFAULT_MODEL, build_parser, engine_config
 from kvserve.server.server_settings import CRD_ENGINE_SETTINGS
 
@@ -69,8 +70,12 @@ def test_every_sample_renders_args_the_server_accepts(
     assert server_refusal(container["args"], container["env"]) is None
 
 
-IMAGE_MODELS = {"/opt/kvserve/models/demo": DEFAULT_MODEL}
-"""Checkpoints the serving image holds (e2e/Dockerfile links the demo model there)."""
+IMAGE_MODELS = {
+    "/opt/kvserve/models/demo": DEFAULT_MODEL,
+    f"/opt/kvserve/models/{smollm2.SERVED_NAME}": smollm2.model_path().parent,
+}
+"""Checkpoints the serving image holds (e2e/Dockerfile puts them there), and where the same
+files are on this machine (SmolLM2: the cache that ``make test`` fills)."""
 
 
 @pytest.mark.parametrize(
