@@ -126,7 +126,8 @@ class ModelRunner:
         which a request overwrites before it reads them. Every rank builds this step itself
         (it is the same on each), so the ranks' first collectives meet without the executor."""
         request = Request("warmup", [0], SamplingParams(max_tokens=1))
-        request.block_ids = [0]
+        request.block_tables = [[0]]
+        request.num_skipped_blocks = [0]
         out = SchedulerOutput()
         out.add(request, 1)
         self.run(self.prepare(out))
