@@ -35,6 +35,7 @@ INDEX_POINTERS = {
     "split_acc_ptr": "*fp32",
     "split_max_ptr": "*fp32",
     "split_sum_ptr": "*fp32",
+    "sinks_ptr": "*fp32",
     "qweight_ptr": "*i32",
     "g_idx_ptr": "*i32",
     "a_scale_ptr": "*fp32",
@@ -51,7 +52,7 @@ def report(
     aligned: tuple[str, ...] = (),
 ) -> dict[str, int]:
     """Tensors in ``dtype`` (``pointers`` name others' types), int32 strides and sizes, fp32
-    scales and eps."""
+    scales, eps and soft-caps."""
     fn = next(getattr(module, kernel) for module in MODULES if hasattr(module, kernel))
     pointer_types = {**INDEX_POINTERS, **(pointers or {})}
     signature = {}
@@ -61,7 +62,8 @@ def report(
         elif name.endswith("_ptr"):
             signature[name] = pointer_types.get(name, f"*{dtype}")
         else:
-            signature[name] = "fp32" if name == "eps" or name.endswith("scale") else "i32"
+            floats = name in ("eps", "softcap") or name.endswith("scale")
+            signature[name] = "fp32" if floats else "i32"
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     log = io.StringIO()
     with contextlib.redirect_stdout(log):

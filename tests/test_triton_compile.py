@@ -15,6 +15,7 @@ import torch
 from kvserve.engine.kernels.triton_fp8_gemm import fp8_launch
 from kvserve.engine.kernels.triton_fused import SILU_BLOCK
 from kvserve.engine.kernels.triton_w4a16 import w4a16_launch
+from kvserve.engine.layers.attention.kind import PLAIN, AttentionKind
 from kvserve.engine.layers.attention.triton_backend import (
     MAX_SPLITS,
     attention_launch,
@@ -65,19 +66,30 @@ CASES = [
 # it: dots upcast to fp32 (no native operands).
 FP8_CASES = [("llama3-8b", phase) for phase in ("decode", "prefill")]
 FP8_CACHE = {"key_cache_ptr": "*fp8e4nv", "value_cache_ptr": "*fp8e4nv"}
+# Every attention kind at once (a sliding window, sinks, soft-capping; the flags are all the
+# kernel sees of them), bf16 at Llama-3-8B's shapes.
+ALL_KINDS = AttentionKind(128, torch.zeros(32), 50.0)
+KIND_CASES = [("llama3-8b", phase, "kinds") for phase in ("decode", "prefill")]
 
 
-def job(model: str, dtype: torch.dtype, phase: str, offsets: str, kv_fp8: bool = False) -> dict:
+def job(
+    model: str,
+    dtype: torch.dtype,
+    phase: str,
+    offsets: str,
+    kv_fp8: bool = False,
+    kind: AttentionKind = PLAIN,
+) -> dict:
     num_heads, num_kv_heads, head_dim = SHAPES[model]
     launch = attention_launch(
-        8, num_heads, num_kv_heads, head_dim, 1 if phase == "decode" else 512, dtype
+        8, num_heads, num_kv_heads, head_dim, 1 if phase == "decode" else 512, dtype, kind.window
     )
     if kv_fp8:
         launch = dataclasses.replace(launch, native_dots=False)
     return {
         "kernel": "paged_attention_kernel",
         "dtype": DTYPES[dtype],
-        "constants": launch.constants(16, dtype, CACHE_ELEMENTS[offsets], kv_fp8),
+        "constants": launch.constants(16, dtype, CACHE_ELEMENTS[offsets], kv_fp8, kind),
         "num_warps": launch.num_warps,
         "pointers": FP8_CACHE if kv_fp8 else {},
     }
@@ -129,6 +141,7 @@ def quantized_job(name: str) -> dict:
 def reports() -> dict:
     jobs = [job(*case) for case in CASES]
     jobs += [job(model, torch.bfloat16, phase, "int32", kv_fp8=True) for model, phase in FP8_CASES]
+    jobs += [job(m, torch.bfloat16, phase, "int32", kind=ALL_KINDS) for m, phase, _ in KIND_CASES]
     jobs += [
         {
             "kernel": "store_kv_kernel",
@@ -163,7 +176,16 @@ def reports() -> dict:
         check=True,
     )
     results = json.loads(done.stdout)
-    names = [*CASES, *FP8_CASES, "store_kv", "store_kv_fp8", *FUSED, "merge_splits", *QUANTIZED]
+    names = [
+        *CASES,
+        *FP8_CASES,
+        *KIND_CASES,
+        "store_kv",
+        "store_kv_fp8",
+        *FUSED,
+        "merge_splits",
+        *QUANTIZED,
+    ]
     return dict(zip(names, results, strict=True))
 
 
@@ -174,6 +196,11 @@ def test_attention_fits_in_registers(reports, case):
 
 @pytest.mark.parametrize("case", FP8_CASES, ids=lambda c: "-".join(c))
 def test_attention_over_an_fp8_cache_compiles_and_fits_in_registers(reports, case):
+    assert reports[case]["spill_stores"] == reports[case]["spill_loads"] == 0, reports[case]
+
+
+@pytest.mark.parametrize("case", KIND_CASES, ids=lambda c: "-".join(c))
+def test_attention_of_every_kind_compiles_and_fits_in_registers(reports, case):
     assert reports[case]["spill_stores"] == reports[case]["spill_loads"] == 0, reports[case]
 
 

@@ -56,7 +56,7 @@ SIGNATURES = {s.kernel: s for s in (
               seq_lens=Pointer, out=Pointer, q_stride=Int64, num_seqs=Int, num_heads=Int,
               num_kv_heads=Int, head_dim=Int, block_size=Int, table_stride=Int, scale=Float,
               is_bf16=Int, bf16_dots=Int, kv_fp8=Int, k_scale=Float, v_scale=Float,
-              num_threads=Int, isa=Int),
+              sinks=Pointer, window=Int, softcap=Float, num_threads=Int, isa=Int),
     Signature("paged_prefill",
               q=Pointer, key_cache=Pointer, value_cache=Pointer, tables=Pointer,
               seq_lens=Pointer, query_starts=Pointer, query_lens=Pointer, out=Pointer,

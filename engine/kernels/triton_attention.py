@@ -11,6 +11,14 @@ import triton
 import triton.language as tl
 
 FP8_MAX: tl.constexpr = tl.constexpr(448.0)
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def tanh(x):
+    """``tanh(x)`` in fp32 as ``1 - 2 / (exp(2x) + 1)``: exact at both limits (``exp``
+    overflowing to infinity gives 1), within about 1e-7 absolute near 0."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
 
 @triton.jit
@@ -95,6 +103,9 @@ def paged_attention_kernel(
     seq_lens_ptr,
     scale,
     v_scale,
+    sinks_ptr,
+    window,
+    softcap,
     query_stride_token,
     query_stride_head,
     out_stride_token,
@@ -115,6 +126,9 @@ def paged_attention_kernel(
     NATIVE_DOTS: tl.constexpr,
     WIDE_OFFSETS: tl.constexpr,
     KV_FP8: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SINKS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Program ``(seq, kv_head, q_tile * NUM_SPLITS + split)`` attends ``BLOCK_Q`` query
     tokens of sequence ``seq``, for all ``GROUP`` query heads sharing ``kv_head``, over
@@ -141,6 +155,13 @@ def paged_attention_kernel(
     ``KV_FP8``: the caches are e4m3, upcast to fp32 as they load (never native dots); the
     keys' scale comes folded into ``scale`` and the values' is ``v_scale``, applied to the
     output once (unused otherwise).
+
+    The attention kinds (``AttentionBackend.attend``), each a compile-time switch whose
+    runtime argument is unused when off: ``SLIDING``, a query at ``p`` sees keys
+    ``p - window < j <= p``, and the keys start at the tile's earliest row's first one (the
+    blocks before it are never read); ``SOFTCAP``, each score becomes
+    ``softcap * tanh(score / softcap)``; ``SINKS``, head ``h``'s logit ``sinks_ptr[h]``
+    (fp32) starts the running max and sum of split 0 as a key of zero value would.
     """
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     seq = tl.program_id(0)
@@ -169,14 +190,21 @@ def paged_attention_kernel(
     if not NATIVE_DOTS:
         q = q.to(tl.float32)
 
-    qk_scale = scale * 1.4426950408889634  # log2(e)
+    qk_scale = scale * LOG2E
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    if SINKS:
+        sink = tl.load(sinks_ptr + head, mask=rows % GROUP_PAD < GROUP, other=-1.0e30) * LOG2E
+        m_i = tl.where(split == 0, sink, m_i)
+        l_i = tl.where(split == 0, 1.0, l_i)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
     block_table = block_tables_ptr + seq.to(tl.int64) * block_tables_stride
     kv_end = tl.minimum(seq_len, context_len + (q_tile + 1) * BLOCK_Q)
-    span = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    kv_start = split * span
+    kv_first = 0
+    if SLIDING:
+        kv_first = tl.maximum(context_len + q_tile * BLOCK_Q - window + 1, 0)
+    span = tl.cdiv(tl.cdiv(kv_end - kv_first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    kv_start = kv_first + split * span
     kv_end = tl.minimum(kv_end, kv_start + span)
     for start in range(kv_start, kv_end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
@@ -196,8 +224,14 @@ def paged_attention_kernel(
         )
         if not NATIVE_DOTS:
             k = k.to(tl.float32)
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        if SOFTCAP:
+            scores = tl.dot(q, k, input_precision=DOT_PRECISION) * (scale / softcap)
+            scores = tanh(scores) * (softcap * LOG2E)
+        else:
+            scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
         visible = (cols[None, :] <= positions[:, None]) & col_valid[None, :]
+        if SLIDING:
+            visible &= cols[None, :] > positions[:, None] - window
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         alpha = tl.exp2(m_i - m_new)

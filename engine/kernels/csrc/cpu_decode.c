@@ -12,6 +12,12 @@
  * widened to float32 once (decode_pass); bf16_dots does not take them. The scales are
  * ignored without kv_fp8.
  *
+ * The attention kinds (kvserve's AttentionBackend.attend), each outside the loops over the
+ * keys: window > 0 starts each context at its last `window` tokens (the blocks before them
+ * are never read); softcap > 0 turns each score s into softcap * tanh(s / softcap) before
+ * the softmax; sinks (NULL: none) holds one float32 logit per head that joins the softmax
+ * sum, once per context (decode_merge takes it for a split one).
+ *
  * The work items are (sequence, range of its tokens), every head of whole cache rows: whole
  * contexts when the batch holds enough tokens to keep every thread busy, else each context
  * split into ranges, whose partial softmax sums are merged once all items are done (as
@@ -39,6 +45,8 @@ struct decode_args {
     int kv_fp8;    /* e4m3 caches */
     float scale;   /* the softmax scale times k_scale */
     float v_scale; /* the outputs' factor: 1 for a 16-bit cache */
+    const float *sinks; /* [num_heads] logits or NULL */
+    float softcap;      /* 0: none */
 };
 
 /* Tokens per block of the context (cpu_decode_isa.h): 4 measured fastest of 2-16 on an
@@ -80,7 +88,8 @@ static void decode_merge(const struct decode_args *a, int s, const float *partia
     for (int h = 0; h < a->num_heads; h++) {
         const float *first = partials + (int64_t)h * row;
         const int64_t range_stride = (int64_t)a->num_heads * row;
-        float max = -INFINITY, sum = 0.0f, weights[MAX_RANGES];
+        float max = a->sinks != NULL ? a->sinks[h] : -INFINITY, sum = 0.0f;
+        float weights[MAX_RANGES];
         for (int r = 0; r < ranges; r++) {
             const float m = first[r * range_stride + hd];
             max = m > max ? m : max;
@@ -89,6 +98,7 @@ static void decode_merge(const struct decode_args *a, int s, const float *partia
             weights[r] = expf(first[r * range_stride + hd] - max);
             sum += weights[r] * first[r * range_stride + hd + 1];
         }
+        if (a->sinks != NULL) sum += expf(a->sinks[h] - max);
         const int64_t out = ((int64_t)s * a->num_heads + h) * hd;
         for (int i = 0; i < hd; i++) {
             float value = 0.0f;
@@ -96,6 +106,11 @@ static void decode_merge(const struct decode_args *a, int s, const float *partia
             store(a->out, out + i, a->is_bf16, value / sum * a->v_scale);
         }
     }
+}
+
+/* The first token of sequence s's context that its query sees. */
+static inline int first_token(const int32_t *seq_lens, int s, int window) {
+    return window > 0 && seq_lens[s] > window ? seq_lens[s] - window : 0;
 }
 
 /* The ranges a context of len tokens splits into: one per span tokens, at least one (an
@@ -112,7 +127,8 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
                  int num_seqs,
                  int num_heads, int num_kv_heads, int head_dim, int block_size, int table_stride,
                  float scale, int is_bf16, int bf16_dots, int kv_fp8, float k_scale,
-                 float v_scale, int num_threads, int isa) {
+                 float v_scale, const float *sinks, int window, float softcap, int num_threads,
+                 int isa) {
     if (head_dim % 16 != 0 || !isa_usable(isa)) return -1;
     if (bf16_dots && !(is_bf16 && !kv_fp8 && isa == ISA_AVX512 && dpbf16_usable())) return -1;
     const decode_item_fn item = PICK(decode_item, isa);
@@ -120,16 +136,18 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
                                   seq_lens,   out,          q_stride,    num_seqs,
                                   num_heads,  num_kv_heads, head_dim,    block_size,
                                   table_stride, is_bf16,    bf16_dots,   kv_fp8,
-                                  kv_fp8 ? scale * k_scale : scale, kv_fp8 ? v_scale : 1.0f};
+                                  kv_fp8 ? scale * k_scale : scale, kv_fp8 ? v_scale : 1.0f,
+                                  sinks,      softcap};
     /* About four items per thread: each context in equal ranges of at most `span` tokens,
      * whole where it is no longer (so a large batch runs one item per sequence). */
     int64_t total = 0;
-    for (int s = 0; s < num_seqs; s++) total += seq_lens[s];
+    for (int s = 0; s < num_seqs; s++) total += seq_lens[s] - first_token(seq_lens, s, window);
     int span = (int)((total + 4 * num_threads - 1) / (4 * num_threads));
     span = span < MIN_SPAN ? MIN_SPAN : span;
     span = (span + DECODE_BLOCK - 1) / DECODE_BLOCK * DECODE_BLOCK;
     int num_items = 0, max_len = 1;
-    for (int s = 0; s < num_seqs; s++) num_items += ranges_of(seq_lens[s], span);
+    for (int s = 0; s < num_seqs; s++)
+        num_items += ranges_of(seq_lens[s] - first_token(seq_lens, s, window), span);
     const int split = num_items > num_seqs;
     /* items: sequence, first token, end, and the number of ranges of its context (a split
      * context's ranges are consecutive items, its partials consecutive slots) */
@@ -140,11 +158,12 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
     int failed = items == NULL || (split && partials == NULL);
     if (failed) goto done;
     for (int s = 0, n = 0; s < num_seqs; s++) {
-        const int ranges = ranges_of(seq_lens[s], span);
+        const int begin = first_token(seq_lens, s, window), len = seq_lens[s] - begin;
+        const int ranges = ranges_of(len, span);
         for (int r = 0; r < ranges; r++, n++) {
             items[n][0] = s;
-            items[n][1] = (int)((int64_t)r * seq_lens[s] / ranges);
-            items[n][2] = (int)((int64_t)(r + 1) * seq_lens[s] / ranges);
+            items[n][1] = begin + (int)((int64_t)r * len / ranges);
+            items[n][2] = begin + (int)((int64_t)(r + 1) * len / ranges);
             items[n][3] = ranges;
             max_len = items[n][2] - items[n][1] > max_len ? items[n][2] - items[n][1] : max_len;
         }
@@ -165,7 +184,8 @@ int paged_decode(const void *q, const void *key_cache, const void *value_cache,
         if (split) {
 #pragma omp for schedule(static)
             for (int i = 0; i < num_items; i++)
-                if (items[i][3] > 1 && items[i][1] == 0) /* a split context's first range */
+                if (items[i][3] > 1 && items[i][1] == first_token(seq_lens, items[i][0], window))
+                    /* a split context's first range */
                     decode_merge(&a, items[i][0], partials + (int64_t)i * partial_floats,
                                  items[i][3]);
         }

@@ -118,16 +118,22 @@ static inline __attribute__((always_inline)) const float *FN(widen_rows)(const v
     return wide;
 }
 
-/* Head h's len scores p become their softmax numerators, exp(p - max). A whole context
- * (partial NULL) gets back 1 / their sum, to normalise them by; a range stores its max and
- * sum after its row of partial sums (decode_merge) and gets back 1. */
-static inline float FN(softmax_numerators)(float *p, int len, float *partial, int h, int hd) {
-    float max = -INFINITY, sum = 0.0f;
+/* Head h's len scores p (soft-capped first, with a->softcap) become their softmax
+ * numerators, exp(p - max). A whole context (partial NULL) gets back 1 / their sum, its
+ * sink's exp(sink - max) included, to normalise them by; a range stores its max and sum
+ * after its row of partial sums (decode_merge, which adds the sink) and gets back 1. */
+static inline float FN(softmax_numerators)(const struct decode_args *a, float *p, int len,
+                                           float *partial, int h) {
+    const int hd = a->head_dim, sink = a->sinks != NULL && partial == NULL;
+    if (a->softcap > 0.0f)
+        for (int t = 0; t < len; t++) p[t] = a->softcap * tanhf(p[t] / a->softcap);
+    float max = sink ? a->sinks[h] : -INFINITY, sum = 0.0f;
     for (int t = 0; t < len; t++) max = p[t] > max ? p[t] : max;
     for (int t = 0; t < len; t++) {
         p[t] = expf(p[t] - max);
         sum += p[t];
     }
+    if (sink) sum += expf(a->sinks[h] - max);
     if (partial == NULL) return 1.0f / sum;
     partial[(int64_t)h * (hd + 2) + hd] = max;
     partial[(int64_t)h * (hd + 2) + hd + 1] = sum;
@@ -162,7 +168,7 @@ static inline __attribute__((always_inline)) void FN(decode_pass)(const struct d
     }
     for (int h = 0; h < heads; h++) {
         float *p = scores + (int64_t)h * len;
-        const float scale = FN(softmax_numerators)(p, len, partial, h, hd);
+        const float scale = FN(softmax_numerators)(a, p, len, partial, h);
         if (partial == NULL)
             for (int t = 0; t < len; t++) p[t] *= scale;
     }
@@ -230,7 +236,7 @@ static void FN(decode_dots)(const struct decode_args *a, int s, int begin, int e
     }
     for (int h = 0; h < heads; h++) {
         float *p = scores + (int64_t)h * even;
-        const float scale = FN(softmax_numerators)(p, len, partial, h, hd);
+        const float scale = FN(softmax_numerators)(a, p, len, partial, h);
         uint16_t *pb = probs + (int64_t)h * even;
         for (int t = 0; t < len; t++) pb[t] = f32_to_bf16(p[t] * scale);
         if (len < even) pb[len] = 0;

@@ -45,9 +45,33 @@ class AttentionBackend(ABC):
         meta: AttentionMetadata,
         scale: float,
         kv_scales: KVScales = UNIT_SCALES,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Causal attention of ``query`` ``[num_tokens, num_heads, head_dim]`` over each
-        sequence's cached context; returns ``[num_tokens, num_heads, head_dim]``."""
+        sequence's cached context; returns ``[num_tokens, num_heads, head_dim]``.
+
+        A score is ``scale * q . k``; then, in this order:
+
+        * ``softcap``: the score becomes ``softcap * tanh(score / softcap)`` (Gemma 2's
+          ``attn_logit_softcapping``);
+        * ``window``: a query at position ``p`` sees the keys at positions ``j`` with
+          ``p - window < j <= p``: ``window`` tokens, itself included. This is
+          ``transformers``' ``sliding_window_overlay`` (``kv_idx > q_idx - sliding_window``)
+          that gemma2/gemma3/gemma4, gpt_oss and mistral all use with their config's
+          ``sliding_window`` unchanged, so a model passes that number as it is;
+        * ``sinks``: float32 ``[num_heads]``, one logit per head that joins each row's
+          softmax denominator but carries no value:
+          ``out = sum_j exp(s_j - m) v_j / (exp(sink - m) + sum_j exp(s_j - m))``
+          (gpt-oss).
+
+        With a window, a block of a sequence holding only positions before the window of
+        its earliest query row in this step may have been freed, its block-table entry
+        replaced by a placeholder: no backend reads it (each starts a sequence's keys at
+        the block holding ``AttentionKind.first_key`` of that row).
+        """
 
 
 def select_backend(device: torch.device, choice: str = "auto") -> AttentionBackend:

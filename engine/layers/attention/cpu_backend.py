@@ -9,13 +9,16 @@ keys and values in place through the block tables instead, on torch's own OpenMP
 of the qkv projection, one row copy per token. An e4m3 cache (``fp8_kv``) is written and read
 by the same kernels, each in a variant of its own (a branch outside the 16-bit loops): the
 store rounds each element, decode widens each block of rows to float32 as it reads it,
-prefill as it packs its tiles; neither takes bf16 dot products then.
+prefill as it packs its tiles; neither takes bf16 dot products then. Decode takes every
+attention kind (window, sinks, soft-cap); a prefill chunk of a layer with one takes the torch
+path.
 """
 
 import torch
 
 from kvserve.engine.kernels import cpu_library
 from kvserve.engine.layers.attention.fp8_kv import FP8, UNIT_SCALES, KVScales, is_fp8
+from kvserve.engine.layers.attention.kind import AttentionKind
 from kvserve.engine.layers.attention.torch_backend import TorchAttention
 from kvserve.engine.layers.cpu_linear import dpbf16_linear
 from kvserve.engine.layers.fused_ops import rows_of_heads
@@ -81,13 +84,17 @@ class CPUAttention(TorchAttention):
         seqs: list[int],
         scale: float,
         kv_scales: KVScales,
+        kind: AttentionKind,
     ):
         if not _kernels_take(query, key_cache):
-            return super()._decode(query, key_cache, value_cache, meta, seqs, scale, kv_scales)
+            return super()._decode(
+                query, key_cache, value_cache, meta, seqs, scale, kv_scales, kind
+            )
         tables, seq_lens = _sequences(meta, seqs)
         if not rows_of_heads(query):
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        sinks = None if kind.sinks is None else kind.sinks.float().contiguous()
         self._run(
             "paged_decode",
             query,
@@ -100,6 +107,9 @@ class CPUAttention(TorchAttention):
             num_seqs=len(seqs),
             scale=scale,
             kv_scales=kv_scales,
+            sinks=None if sinks is None else sinks.data_ptr(),
+            window=kind.window or 0,
+            softcap=kind.softcap or 0.0,
         )
         return out
 
@@ -114,10 +124,11 @@ class CPUAttention(TorchAttention):
         starts,
         scale: float,
         kv_scales: KVScales,
+        kind: AttentionKind,
     ) -> None:
-        if not _kernels_take(query, key_cache):
+        if not (_kernels_take(query, key_cache) and kind.plain):
             super()._prefill_chunks(
-                query, out, key_cache, value_cache, meta, seqs, starts, scale, kv_scales
+                query, out, key_cache, value_cache, meta, seqs, starts, scale, kv_scales, kind
             )
             return
         if not seqs:
@@ -150,7 +161,7 @@ class CPUAttention(TorchAttention):
         value_cache: torch.Tensor,
         tables: torch.Tensor,
         kv_scales: KVScales,
-        **args: int | float,
+        **args: int | float | None,
     ) -> None:
         """Attention kernel ``kernel`` on ``args`` and what both take alike: the query, the
         caches and block tables with their geometry, the dtype, whether the caches are e4m3

@@ -16,6 +16,7 @@ from kvserve.engine.layers.linear import (
     LinearMethod,
     QKVParallelLinear,
     RowParallelLinear,
+    read,
     set_weight_loader,
 )
 from kvserve.engine.layers.rotary import RotaryEmbedding
@@ -43,9 +44,22 @@ class Attention(nn.Module):
         tp: TensorParallel,
         qkv_method: LinearMethod | None = None,
         o_method: LinearMethod | None = None,
+        sliding_window: int | None = None,
+        sinks: bool = False,
+        softcap: float | None = None,
+        scale: float | None = None,
     ) -> None:
         """``qk_norm_eps``: the epsilon of RMSNorms on each q and k head (Qwen3), or None;
-        ``*_method``: the projections' weight methods (None: unquantized)."""
+        ``*_method``: the projections' weight methods (None: unquantized).
+        ``sliding_window``, ``softcap``: this layer's window and logit soft-cap, as
+        ``AttentionBackend.attend`` takes them (None: none); ``sinks``: the layer has
+        learned attention sinks, a parameter ``sinks`` (checkpoint ``self_attn.sinks``)
+        of one logit per query head, split over the ranks as the query heads are;
+        ``scale``: the softmax scale (None: ``head_dim**-0.5``)."""
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"a sliding window must be at least 1 token, got {sliding_window}")
+        if softcap is not None and not softcap > 0:
+            raise ValueError(f"an attention logit soft-cap must be positive, got {softcap}")
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
             hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp, qkv_method
@@ -64,10 +78,24 @@ class Attention(nn.Module):
             )
         self.rotary = rotary
         self.backend = backend
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.sliding_window, self.softcap = sliding_window, softcap
+        self.sinks = self._sinks_parameter(tp) if sinks else None
         self.kv_scales = KVScales()
         self.k_scale = self._kv_scale_parameter("k")
         self.v_scale = self._kv_scale_parameter("v")
+
+    def _sinks_parameter(self, tp: TensorParallel) -> nn.Parameter:
+        """This rank's query heads' sinks, kept in float32 whatever the checkpoint's dtype."""
+        param = nn.Parameter(torch.zeros(self.num_heads, dtype=torch.float32), requires_grad=False)
+        first = tp.rank * self.num_heads
+
+        def load(param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+            with torch.no_grad():
+                param.copy_(read(loaded, 0, first, self.num_heads))
+
+        set_weight_loader(param, load)
+        return param
 
     def _kv_scale_parameter(self, which: str) -> nn.Parameter:
         """The checkpoint's per-tensor scale of an FP8 KV cache's keys (``k``) or values
@@ -109,5 +137,15 @@ class Attention(nn.Module):
         key_cache, value_cache = kv_cache
         scales = self.kv_scales
         self.backend.store_kv(k, v, key_cache, value_cache, meta.slot_mapping, scales)
-        out = self.backend.attend(q, key_cache, value_cache, meta, self.scale, scales)
+        out = self.backend.attend(
+            q,
+            key_cache,
+            value_cache,
+            meta,
+            self.scale,
+            scales,
+            window=self.sliding_window,
+            sinks=self.sinks,
+            softcap=self.softcap,
+        )
         return self.o_proj((out if out_rows is None else out[out_rows]).flatten(1))

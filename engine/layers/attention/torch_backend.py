@@ -15,6 +15,7 @@ from kvserve.engine.layers.attention.fp8_kv import (
     is_fp8,
     quantize,
 )
+from kvserve.engine.layers.attention.kind import AttentionKind
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 
 
@@ -39,7 +40,9 @@ def gather_context(
 
 class TorchAttention(AttentionBackend):
     """Decode tokens (query length 1) of all sequences go through one batched,
-    length-masked SDPA call; prefill chunks go one sequence at a time."""
+    length-masked SDPA call; prefill chunks go one sequence at a time. A window masks more
+    and gathers only the blocks it sees; sinks or soft-capping take ``dense_attention``
+    (fp32 scores) instead of SDPA."""
 
     name = "torch"
 
@@ -58,22 +61,35 @@ class TorchAttention(AttentionBackend):
         value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
     def attend(
-        self, query, key_cache, value_cache, meta: AttentionMetadata, scale, kv_scales=UNIT_SCALES
+        self,
+        query,
+        key_cache,
+        value_cache,
+        meta: AttentionMetadata,
+        scale,
+        kv_scales=UNIT_SCALES,
+        *,
+        window=None,
+        sinks=None,
+        softcap=None,
     ):
+        kind = AttentionKind(window, sinks, softcap)
         decodes = [i for i, q in enumerate(meta.query_lens_host) if q == 1]
         if len(decodes) == meta.num_seqs:
-            return self._decode(query, key_cache, value_cache, meta, decodes, scale, kv_scales)
+            return self._decode(
+                query, key_cache, value_cache, meta, decodes, scale, kv_scales, kind
+            )
         out = torch.empty_like(query)
         starts = [0, *accumulate(meta.query_lens_host)]
         if decodes:
             rows = torch.tensor([starts[i] for i in decodes], device=query.device)
             decoded = self._decode(
-                query[rows], key_cache, value_cache, meta, decodes, scale, kv_scales
+                query[rows], key_cache, value_cache, meta, decodes, scale, kv_scales, kind
             )
             out.index_copy_(0, rows, decoded)
         chunks = [i for i, q_len in enumerate(meta.query_lens_host) if q_len > 1]
         self._prefill_chunks(
-            query, out, key_cache, value_cache, meta, chunks, starts, scale, kv_scales
+            query, out, key_cache, value_cache, meta, chunks, starts, scale, kv_scales, kind
         )
         return out
 
@@ -88,13 +104,14 @@ class TorchAttention(AttentionBackend):
         starts,
         scale: float,
         kv_scales: KVScales,
+        kind: AttentionKind,
     ) -> None:
         """Write the attention of sequences ``seqs`` (chunks longer than one token, rows
         ``starts[i]:starts[i + 1]`` of ``query``) into the same rows of ``out``."""
         for i in seqs:
             span = slice(starts[i], starts[i + 1])
             out[span] = self._prefill(
-                query[span], key_cache, value_cache, meta, i, scale, kv_scales
+                query[span], key_cache, value_cache, meta, i, scale, kv_scales, kind
             )
 
     def _decode(
@@ -106,39 +123,112 @@ class TorchAttention(AttentionBackend):
         seqs: list[int],
         scale: float,
         kv_scales: KVScales,
+        kind: AttentionKind,
     ):
         index = torch.tensor(seqs)
         seq_lens = meta.seq_lens[index].to(torch.long)
-        length = max(meta.seq_lens_host[i] for i in seqs)
         tables = meta.block_tables[index]
+        lens = [meta.seq_lens_host[i] for i in seqs]
+        if kind.window is None:
+            length = max(lens)
+            keys = torch.arange(length, device=query.device)[None, :]
+            mask = keys < seq_lens[:, None]
+        else:
+            tables, first = _window_tables(tables, lens, kind, key_cache.shape[1])
+            length = max(n - f for n, f in zip(lens, first, strict=True))
+            keys = torch.tensor(first, device=query.device)[:, None] + torch.arange(
+                length, device=query.device
+            )
+            mask = (keys < seq_lens[:, None]) & (keys >= seq_lens[:, None] - kind.window)
         key = gather_context(key_cache, tables, length, query.dtype, kv_scales.k)
         value = gather_context(value_cache, tables, length, query.dtype, kv_scales.v)
-        mask = torch.arange(length, device=query.device)[None, :] < seq_lens[:, None]
-        out = F.scaled_dot_product_attention(
-            query.unsqueeze(2),  # [B, H, 1, d]
-            key,
-            value,
-            attn_mask=mask[:, None, None, :],
-            scale=scale,
-            enable_gqa=True,
-        )
-        return out.squeeze(2)
+        return _attention(query.unsqueeze(2), key, value, mask[:, None, None, :], scale, kind)[
+            :, :, 0
+        ]
 
     @staticmethod
-    def _prefill(query, key_cache, value_cache, meta, seq: int, scale: float, kv_scales: KVScales):
+    def _prefill(
+        query,
+        key_cache,
+        value_cache,
+        meta,
+        seq: int,
+        scale: float,
+        kv_scales: KVScales,
+        kind: AttentionKind,
+    ):
         q_len, seq_len = meta.query_lens_host[seq], meta.seq_lens_host[seq]
-        tables = meta.block_tables[seq : seq + 1]
-        key = gather_context(key_cache, tables, seq_len, query.dtype, kv_scales.k)
-        value = gather_context(value_cache, tables, seq_len, query.dtype, kv_scales.v)
+        block_size = key_cache.shape[1]
+        first = kind.first_key(seq_len - q_len) // block_size * block_size
+        tables = meta.block_tables[seq : seq + 1, first // block_size :]
+        key = gather_context(key_cache, tables, seq_len - first, query.dtype, kv_scales.k)
+        value = gather_context(value_cache, tables, seq_len - first, query.dtype, kv_scales.v)
         q = query.transpose(0, 1).unsqueeze(0)  # [1, H, q_len, d]
-        if q_len == seq_len:
+        if q_len == seq_len and kind.plain:
             out = F.scaled_dot_product_attention(
                 q, key, value, is_causal=True, scale=scale, enable_gqa=True
             )
         else:
-            positions = torch.arange(seq_len - q_len, seq_len, device=query.device)
-            mask = torch.arange(seq_len, device=query.device)[None, :] <= positions[:, None]
-            out = F.scaled_dot_product_attention(
-                q, key, value, attn_mask=mask, scale=scale, enable_gqa=True
-            )
+            positions = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
+            keys = torch.arange(first, seq_len, device=query.device)[None, :]
+            mask = keys <= positions
+            if kind.window is not None:
+                mask &= keys > positions - kind.window
+            out = _attention(q, key, value, mask, scale, kind)
         return out[0].transpose(0, 1)
+
+
+def _window_tables(
+    tables: torch.Tensor, lens: list[int], kind: AttentionKind, block_size: int
+) -> tuple[torch.Tensor, list[int]]:
+    """Rows of ``tables`` of decode sequences ``lens`` long, each shifted to start at the
+    block holding its first visible key, and those keys' positions. Columns past a
+    sequence's last block repeat that block (masked out): a row reads none of its freed
+    blocks nor its padding."""
+    first_blocks = [kind.first_key(n - 1) // block_size for n in lens]
+    last_blocks = torch.tensor([cdiv(n, block_size) - 1 for n in lens], device=tables.device)
+    starts = torch.tensor(first_blocks, device=tables.device)
+    width = int((last_blocks - starts).max()) + 1
+    columns = torch.minimum(
+        starts[:, None] + torch.arange(width, device=tables.device), last_blocks[:, None]
+    )
+    return tables.gather(1, columns), [b * block_size for b in first_blocks]
+
+
+def _attention(q, key, value, mask, scale: float, kind: AttentionKind) -> torch.Tensor:
+    """SDPA of ``q`` ``[B, H, q, d]`` over ``key``/``value`` ``[B, kv heads, L, d]`` where
+    ``mask`` (broadcast to ``[B, H, q, L]``) is true; ``dense_attention`` for sinks or
+    soft-capping, which SDPA has not."""
+    if kind.sinks is None and kind.softcap is None:
+        return F.scaled_dot_product_attention(
+            q, key, value, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+    return dense_attention(q, key, value, mask, scale, kind.sinks, kind.softcap)
+
+
+def dense_attention(
+    q: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Attention as ``AttentionBackend.attend`` defines it, written out in fp32: ``q``
+    ``[B, H, q, d]``, ``key``/``value`` ``[B, kv heads, L, d]`` (query head ``h`` reads kv
+    head ``h // (H / kv heads)``), ``mask`` true where a query sees a key; a row must see
+    at least one key. Returns ``[B, H, q, d]`` in ``q``'s dtype."""
+    group = q.shape[1] // key.shape[1]
+    key = key.float().repeat_interleave(group, dim=1)
+    value = value.float().repeat_interleave(group, dim=1)
+    scores = q.float() @ key.transpose(-1, -2) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        probs = scores.softmax(-1)
+    else:
+        sink = sinks.float()[None, :, None, None].expand(*scores.shape[:-1], 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+    return (probs @ value).to(q.dtype)

@@ -12,6 +12,7 @@ from kvserve.engine.kernels.triton_attention import (
 )
 from kvserve.engine.layers.attention.backend import AttentionBackend
 from kvserve.engine.layers.attention.fp8_kv import UNIT_SCALES, KVScales, is_fp8
+from kvserve.engine.layers.attention.kind import PLAIN, AttentionKind
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 
 MIN_DOT = 16  # tl.dot needs every dimension >= 16 on a GPU
@@ -54,11 +55,16 @@ class AttentionLaunch:
         return (self.num_seqs, self.num_kv_heads, self.q_tiles * self.num_splits)
 
     def constants(
-        self, block_size: int, dtype: torch.dtype, cache_elements: int, kv_fp8: bool = False
+        self,
+        block_size: int,
+        dtype: torch.dtype,
+        cache_elements: int,
+        kv_fp8: bool = False,
+        kind: AttentionKind = PLAIN,
     ) -> dict[str, int | str]:
         """The kernel's compile-time arguments for ``dtype`` activations over caches of
         ``block_size`` holding ``cache_elements`` each (beyond ``INT32_OFFSETS`` they take
-        64-bit offsets), e4m3 if ``kv_fp8``."""
+        64-bit offsets), e4m3 if ``kv_fp8``, for attention of ``kind``."""
         return dict(
             BLOCK_SIZE=block_size,
             GROUP=self.group,
@@ -72,6 +78,9 @@ class AttentionLaunch:
             NATIVE_DOTS=self.native_dots,
             WIDE_OFFSETS=cache_elements > INT32_OFFSETS,
             KV_FP8=kv_fp8,
+            SLIDING=kind.window is not None,
+            SINKS=kind.sinks is not None,
+            SOFTCAP=kind.softcap is not None,
         )
 
 
@@ -82,6 +91,7 @@ def attention_launch(
     head_dim: int,
     max_query_len: int,
     dtype: torch.dtype,
+    window: int | None = None,
 ) -> AttentionLaunch:
     """Decode-only batches (``max_query_len == 1``) get the smallest row tile, 16 rows,
     filled with the GQA group; batches with prefill chunks get 64 rows, several tokens
@@ -92,8 +102,9 @@ def attention_launch(
     tiles. Every supported shape stays within the registers on sm_90
     (tests/test_triton_compile.py). A decode batch of fewer than ``DECODE_PROGRAMS``
     (sequence, kv head) pairs splits each context into a power of two of key ranges, up to
-    ``MAX_SPLITS``, so that about that many programs share the work. Depends on host
-    integers only, so a decode launch has a fixed grid for a CUDA graph."""
+    ``MAX_SPLITS``, so that about that many programs share the work, but no more ranges
+    than key tiles in a sliding ``window``. Depends on host integers only, so a decode
+    launch has a fixed grid for a CUDA graph."""
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     decode = max_query_len == 1
@@ -111,6 +122,8 @@ def attention_launch(
         block_n = BLOCK_N
     pairs = num_seqs * num_kv_heads
     splits = 1 if not decode else min(MAX_SPLITS, max(1, DECODE_PROGRAMS // pairs))
+    if window is not None:
+        splits = min(splits, triton.cdiv(window, block_n))
     return AttentionLaunch(
         group=group,
         group_pad=group_pad,
@@ -172,7 +185,17 @@ class TritonAttention(AttentionBackend):
         )
 
     def attend(
-        self, query, key_cache, value_cache, meta: AttentionMetadata, scale, kv_scales=UNIT_SCALES
+        self,
+        query,
+        key_cache,
+        value_cache,
+        meta: AttentionMetadata,
+        scale,
+        kv_scales=UNIT_SCALES,
+        *,
+        window=None,
+        sinks=None,
+        softcap=None,
     ):
         num_heads, head_dim = query.shape[1:]
         launch = attention_launch(
@@ -182,12 +205,14 @@ class TritonAttention(AttentionBackend):
             head_dim,
             meta.max_query_len,
             query.dtype,
+            window,
         )
         if is_fp8(key_cache) or (query.device.type == "cpu" and query.dtype == torch.bfloat16):
             # e4m3 keys and values are upcast; Triton's interpreter multiplies bf16 dot
             # operands as raw 16-bit patterns.
             launch = replace(launch, native_dots=False)
-        return paged_attention(launch, query, key_cache, value_cache, meta, scale, kv_scales)
+        kind = AttentionKind(window, sinks, softcap)
+        return paged_attention(launch, query, key_cache, value_cache, meta, scale, kv_scales, kind)
 
 
 def paged_attention(
@@ -198,11 +223,12 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     kv_scales: KVScales = UNIT_SCALES,
+    kind: AttentionKind = PLAIN,
 ) -> torch.Tensor:
     """``paged_attention_kernel`` as ``launch`` says, then ``merge_splits_kernel`` if the
     launch splits the keys; the split buffers are fp32, one row per query row and split.
     An e4m3 cache's key scale goes in folded into ``scale``; a 16-bit cache ignores
-    ``kv_scales``."""
+    ``kv_scales``. Attention of ``kind``: its sinks as fp32 on the query's device."""
     _check_caches(key_cache, value_cache)
     if query.stride(-1) != 1 or meta.block_tables.stride(-1) != 1:
         raise ValueError("query and block tables need a unit stride on their last dimension")
@@ -230,6 +256,9 @@ def paged_attention(
         meta.seq_lens,
         scale * kv_scales.k if fp8 else scale,
         kv_scales.v,
+        out if kind.sinks is None else kind.sinks,
+        kind.window or 0,
+        kind.softcap or 0.0,
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -238,7 +267,7 @@ def paged_attention(
         key_cache.stride(1),
         key_cache.stride(2),
         meta.block_tables.stride(0),
-        **launch.constants(key_cache.shape[1], query.dtype, key_cache.numel(), fp8),
+        **launch.constants(key_cache.shape[1], query.dtype, key_cache.numel(), fp8, kind),
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
