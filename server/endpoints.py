@@ -5,11 +5,13 @@ framed (``responses``) and sent (``streaming``)."""
 from aiohttp import web
 
 from kvserve.server.body import read_json
+from kvserve.server.chat_reading import ChatReading
 from kvserve.server.chat_tools import chat_constraint, tool_use
 from kvserve.server.fan_out import fan_out
 from kvserve.server.protocol.base import parse_body
 from kvserve.server.protocol.chat import ChatCompletionRequest
 from kvserve.server.protocol.completions import CompletionRequest
+from kvserve.server.reasoning_parsers import REASONING_PARSERS
 from kvserve.server.request_params import (
     chat_prompt_ids,
     check_model,
@@ -42,12 +44,16 @@ async def create_chat_completion(state: ServerState, request: web.Request) -> we
     body = parse_body(ChatCompletionRequest, await read_json(request, state.body_timeout))
     check_model(state, body.model)
     tools = tool_use(body, state.auto_tool_parser)
+    parser = state.reasoning_parser
+    reasoning = REASONING_PARSERS[parser]() if parser is not None else None
+    reading = ChatReading(tools, reasoning) if tools or reasoning else None
     prompt = chat_prompt_ids(state, body.messages, body.add_generation_prompt, body.tools)
     max_tokens = max_new_tokens(state, len(prompt), body.max_new_tokens, None, "messages")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     constraint = await chat_constraint(state.llm.grammars, body, tools)
-    params = sampling_params(body, max_tokens, logprobs, None, constraint)
+    special = reading is not None and reading.reads_special_tokens
+    params = sampling_params(body, max_tokens, logprobs, None, constraint, not special)
     framing = Framing.of(request[REQUEST_ID], state.model_name, chat=True)
     fan = await fan_out(state, framing.api_id, "messages", [prompt], params, body.n)
-    render = chat_render(state.llm.tokenizer, body, tools, fan.num_choices)
+    render = chat_render(state.llm.tokenizer, body, reading, fan.num_choices)
     return await respond(Reply(state, request, body, framing, fan, [len(prompt)], render))

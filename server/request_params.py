@@ -21,6 +21,7 @@ def sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None,
     constraint: OutputConstraint | None = None,
+    skip_special_tokens: bool = True,
 ) -> SamplingParams:
     try:
         return SamplingParams(
@@ -41,6 +42,7 @@ def sampling_params(
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             constraint=constraint,
+            skip_special_tokens=skip_special_tokens,
         )
     except ValueError as exc:
         raise invalid_parameter(exc, None) from None

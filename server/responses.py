@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from kvserve.engine.core.outputs import Logprob, RequestOutput, join_outputs
 from kvserve.engine.detokenizer import decode_text
-from kvserve.server.chat_tools import ToolUse
+from kvserve.server.chat_reading import ChatReading
 from kvserve.server.logprobs import chat_logprobs, completion_logprobs
 from kvserve.server.protocol.chat import ChatCompletionRequest
 from kvserve.server.protocol.completions import CompletionRequest
@@ -150,12 +150,13 @@ def completion_render(
 def chat_render(
     tokenizer: PreTrainedTokenizerBase,
     body: ChatCompletionRequest,
-    tools: ToolUse | None,
+    reading: ChatReading | None,
     num_choices: int,
 ) -> Render:
-    """Chat choices: an assistant ``message`` (``delta`` in a stream), with tool calls read
-    out of the text when the request uses tools."""
-    streams = [tools.stream() for _ in range(num_choices)] if tools is not None else []
+    """Chat choices: an assistant ``message`` (``delta`` in a stream), with tool calls and
+    reasoning read out of the text when the request uses tools or the server a reasoning
+    parser (``reading``)."""
+    streams = [reading.stream() for _ in range(num_choices)] if reading is not None else []
 
     def render(choice: Choice, delta: bool) -> dict | None:
         piece = choice.take(delta, send_empty_first=True)
@@ -164,15 +165,15 @@ def chat_render(
         completion, first = piece.output.outputs[0], piece.first
         finish_reason = completion.finish_reason
         message: dict = {"content": completion.text}
-        if tools is not None and delta:
+        if reading is not None and delta:
             stream = streams[choice.index]
             message = stream.delta(completion.text, finish_reason is not None)
-            finish_reason = tools.finish_reason(finish_reason, stream.called)
+            finish_reason = reading.finish_reason(finish_reason, stream.called)
             if not (message or first or finish_reason or body.logprobs):
                 return None
-        elif tools is not None:
-            message, called = tools.message(completion.text)
-            finish_reason = tools.finish_reason(finish_reason, called)
+        elif reading is not None:
+            message, called = reading.message(completion.text)
+            finish_reason = reading.finish_reason(finish_reason, called)
         if first:
             message = {"role": "assistant"} | message
         return {

@@ -95,6 +95,7 @@ async def _serve(
         max_waiting_requests=args.max_waiting_requests,
         body_timeout=args.request_body_timeout,
         auto_tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
+        reasoning_parser=args.reasoning_parser,
         tracer=tracer,
     )
     runner = web.AppRunner(

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.settings import Crd, Declared, declared, setting
+from kvserve.server.reasoning_parsers import REASONING_PARSERS
 from kvserve.server.tool_parsers import TOOL_PARSERS
 
 DETAILED_TRACES = ("all", "model", "worker")
@@ -43,6 +44,11 @@ class ServerSettings:
         choices=tuple(sorted(TOOL_PARSERS)),
         help="tool-call format",
         crd=Crd(with_flags=("--enable-auto-tool-choice",)),
+    )
+    reasoning_parser: str | None = setting(
+        None,
+        choices=tuple(sorted(REASONING_PARSERS)),
+        help="reasoning format: chat replies carry the reasoning as reasoning_content",
     )
     otlp_traces_endpoint: str | None = setting(
         None,

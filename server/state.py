@@ -31,6 +31,7 @@ class ServerState:
     max_waiting_requests: int | None = None
     body_timeout: float = 30.0  # seconds a request body may take to arrive
     auto_tool_parser: str | None = None  # for tool_choice "auto": --tool-call-parser, if enabled
+    reasoning_parser: str | None = None  # --reasoning-parser
     tracer: "RequestTracer | None" = None  # with --otlp-traces-endpoint only
     created: int = field(default_factory=lambda: int(time.time()))
     _ids: itertools.count = field(default_factory=itertools.count)

@@ -10,11 +10,15 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
+    GptOssConfig,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -53,6 +57,10 @@ CONFIGS = {
     "mistral": MistralConfig,
     "qwen2": Qwen2Config,
     "qwen3": Qwen3Config,
+    "qwen2_moe": Qwen2MoeConfig,
+    "qwen3_moe": Qwen3MoeConfig,
+    "mixtral": MixtralConfig,
+    "gpt_oss": GptOssConfig,
 }
 BASE = dict(
     vocab_size=VOCAB_SIZE,
@@ -71,8 +79,13 @@ BASE = dict(
 
 
 @functools.cache
-def trained_tokenizer() -> PreTrainedTokenizerFast:
-    """A 512-token byte-level BPE trained on a few standard-library sources."""
+def trained_tokenizer(
+    special_tokens: tuple[str, ...] = tuple(SPECIAL_TOKENS),
+    eos_token: str = "<|endoftext|>",
+    chat_template: str = CHAT_TEMPLATE,
+) -> PreTrainedTokenizerFast:
+    """A 512-token byte-level BPE trained on a few standard-library sources, its
+    ``special_tokens`` first (ids 0, 1, ...)."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = [str(stdlib / name) for name in ("textwrap.py", "string/__init__.py", "shlex.py")]
     tokenizer = Tokenizer(models.BPE())
@@ -80,15 +93,15 @@ def trained_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train([f for f in files if Path(f).exists()], trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
+        eos_token=eos_token,
+        pad_token=eos_token,
+        chat_template=chat_template,
     )
 
 
@@ -102,7 +115,7 @@ def build_checkpoint(
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # larger weights than the default init: sharper, less tie-prone logits
         for name, param in model.named_parameters():
-            if param.dim() == 2 or name.endswith(".bias"):  # biases nonzero: a path dropping
+            if param.dim() >= 2 or name.endswith(".bias"):  # biases nonzero: a path dropping
                 param.normal_(0, 0.08)  # one must change the tokens
     model.save_pretrained(path)
     trained_tokenizer().save_pretrained(path)
@@ -135,4 +148,21 @@ FAMILIES = {
     "qwen2": ("qwen2", {}),
     "qwen2-grouped": ("qwen2", dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=1)),
     "qwen3": ("qwen3", dict(head_dim=32)),
+}
+
+# The mixture-of-experts families, 8 experts, 2 per token: Qwen3-MoE with a dense layer
+# (mlp_only_layers) and without renormalised top-k weights; again with them, every other layer
+# sparse (decoder_sparse_step); Qwen2-MoE with its gated shared expert; Mixtral.
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+MOE_FAMILIES = {
+    "qwen3_moe": ("qwen3_moe", dict(MOE, head_dim=32, num_hidden_layers=3, mlp_only_layers=[1])),
+    "qwen3_moe-norm-topk": (
+        "qwen3_moe",
+        dict(MOE, num_hidden_layers=4, norm_topk_prob=True, decoder_sparse_step=2),
+    ),
+    "qwen2_moe": ("qwen2_moe", dict(MOE, shared_expert_intermediate_size=48)),
+    "mixtral": (
+        "mixtral",
+        dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
+    ),
 }

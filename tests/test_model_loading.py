@@ -30,7 +30,8 @@ def test_unsupported_architecture_names_the_supported_ones():
         ModelConfig.from_dict({"architectures": ["GPT2LMHeadModel"]})
     assert str(err.value) == (
         "unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, "
-        "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+        "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, "
+        "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM"
     )
 
 

@@ -371,7 +371,9 @@ class QKVParallelLinear(LinearBase):
 
 class RowParallelLinear(LinearBase):
     """Input features split over the ranks (the column-parallel layer before it left its
-    output so); the partial products are summed over the ranks by one all-reduce."""
+    output so); the partial products are summed over the ranks by one all-reduce, or, if
+    not ``reduce_results``, left to the caller to sum (with other partial sums: an MoE
+    block's shared expert and its experts)."""
 
     def __init__(
         self,
@@ -381,8 +383,10 @@ class RowParallelLinear(LinearBase):
         tp: TensorParallel,
         method: LinearMethod | None = None,
         what: str = "input features",
+        reduce_results: bool = True,
     ) -> None:
         super().__init__(divide(in_features, tp.size, what), out_features, bias, tp, method)
+        self.reduce_results = reduce_results
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         columns = self.in_features
@@ -390,6 +394,6 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.method.apply(self, x)
-        if self.tp.size > 1:
+        if self.tp.size > 1 and self.reduce_results:
             self.tp.all_reduce(out)
         return out

@@ -7,7 +7,9 @@ and o (Llama's ``attention_bias``), per-head RMSNorm on q and k (Qwen3), RoPE sc
 tied embeddings. q/k/v and gate/up projections are fused into one matmul each.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,17 +52,27 @@ class MLP(nn.Module):
     this size reuse the heap's blocks and are still large matmuls; they are equal, so that the
     linear kernels' threads get equal shares of each (1,336 rows: 668 + 668, not 1,024 + 312)."""
 
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel, prefix: str) -> None:
-        """``prefix``: the checkpoint's name of this MLP (``model.layers.3.mlp``)."""
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp: TensorParallel,
+        prefix: str,
+        intermediate_size: tuple[int, str] | None = None,
+        reduce_results: bool = True,
+    ) -> None:
+        """``prefix``: the checkpoint's name of this MLP (``model.layers.3.mlp``);
+        ``intermediate_size``: (size, its config.json name) if not ``intermediate_size``'s;
+        ``reduce_results``: see ``RowParallelLinear``."""
         super().__init__()
-        inter, quant = cfg.intermediate_size, cfg.quantization
+        inter, what = intermediate_size or (cfg.intermediate_size, "intermediate_size")
+        quant = cfg.quantization
         gate_up = linear_method(quant, [f"{prefix}.gate_proj", f"{prefix}.up_proj"])
         self.gate_up_proj = MergedColumnParallelLinear(
-            cfg.hidden_size, [inter, inter], False, tp, gate_up, what="intermediate_size"
+            cfg.hidden_size, [inter, inter], False, tp, gate_up, what=what
         )
         down = linear_method(quant, [f"{prefix}.down_proj"])
         self.down_proj = RowParallelLinear(
-            inter, cfg.hidden_size, False, tp, down, what="intermediate_size"
+            inter, cfg.hidden_size, False, tp, down, what=what, reduce_results=reduce_results
         )
         self.gate_up_width = self.gate_up_proj.out_features
 
@@ -84,8 +96,12 @@ class DecoderLayer(nn.Module):
         backend: AttentionBackend,
         tp: TensorParallel,
         prefix: str,
+        mlp: nn.Module,
+        attention_kind: Mapping[str, Any],
     ) -> None:
-        """``prefix``: the checkpoint's name of this layer (``model.layers.3``)."""
+        """``prefix``: the checkpoint's name of this layer (``model.layers.3``); ``mlp``: its
+        MLP (``DecoderLM.build_mlp``); ``attention_kind``: ``Attention``'s keywords that
+        set this layer's apart (``DecoderLM.attention_kind``)."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         attn, quant = f"{prefix}.self_attn", cfg.quantization
@@ -102,9 +118,10 @@ class DecoderLayer(nn.Module):
             tp=tp,
             qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
             o_method=linear_method(quant, [f"{attn}.o_proj"]),
+            **attention_kind,
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp, f"{prefix}.mlp")
+        self.mlp = mlp
 
     def forward(
         self,
@@ -151,12 +168,34 @@ class DecoderLM(nn.Module):
         switches = self.switches(cfg)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        prefixes = [f"model.layers.{i}" for i in range(cfg.num_layers)]
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, switches, self.rotary, backend, tp, f"model.layers.{i}")
-            for i in range(cfg.num_layers)
-        )
+            DecoderLayer(
+                cfg, switches, self.rotary, backend, tp, p, self.build_mlp(i, p),
+                self.attention_kind(i),
+            )
+            for i, p in enumerate(prefixes)
+        )  # fmt: skip
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
+
+    def build_mlp(self, layer: int, prefix: str) -> nn.Module:
+        """The MLP of layer ``layer`` (``prefix``: the checkpoint's name of the layer): the
+        dense one; a mixture-of-experts family puts its MoE block where its config says."""
+        return MLP(self.config, self.tp, f"{prefix}.mlp")
+
+    def attention_kind(self, layer: int) -> Mapping[str, Any]:
+        """``Attention``'s ``sliding_window``, ``sinks``, ``softcap`` and ``scale`` for layer
+        ``layer`` where they are not the defaults: its window from ``layer_windows``."""
+        windows = self.config.layer_windows
+        return {"sliding_window": windows[layer]} if windows else {}
+
+    def checkpoint_tensors(self) -> Mapping[str, tuple[str, Any]]:
+        """Checkpoint tensor names within a layer (``mlp.experts.3.up_proj.weight``) that
+        this model's parameters take under another name or as a part: → (the parameter
+        within the layer, the shard id the loader hands its weight loader). The loader
+        maps the dense names (q/k/v, gate/up) itself."""
+        return {}
 
     def forward(
         self,

@@ -1,5 +1,5 @@
 """Llama (1-3.x) and Mistral: the shared decoder as it is; ``attention_bias`` puts a bias
-on q, k, v and o; llama3 RoPE scaling is read from config.json (``RopeConfig``)."""
+on q, k, v and o; RoPE scaling (llama3, yarn, ...) is read from config.json (``RopeConfig``)."""
 
 from kvserve.engine.models.decoder import DecoderLM
 

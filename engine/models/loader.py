@@ -3,8 +3,9 @@
 import contextlib
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -15,6 +16,7 @@ from kvserve.engine.layers.linear import (
     Transform,
     default_weight_loader,
 )
+from kvserve.engine.layers.moe.fused_moe import FusedMoE
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models import registry
 from kvserve.engine.models.decoder import DecoderLM
@@ -73,6 +75,7 @@ def load_model(
         model = registry.model_class(cfg.architecture)(cfg, backend, max_positions, tp)
     params = dict(model.named_parameters())
     renames = _checkpoint_names(model)
+    tensors = model.checkpoint_tensors()
     loaded: dict[str, set] = {name: set() for name in params}
     files = checkpoint_files(path)
     has_lm_head = False
@@ -82,7 +85,7 @@ def load_model(
                 if _IGNORED.match(name):
                     continue
                 has_lm_head |= name == "lm_head.weight"
-                target, shard_id = _target(name)
+                target, shard_id = _target(name, tensors)
                 target, transform = renames.get(target, (target, None))
                 param = params.get(target)
                 if param is None:
@@ -118,6 +121,8 @@ def load_model(
     for module in model.modules():
         if isinstance(module, LinearBase):
             module.method.process_weights_after_loading(module, kernels)
+        elif isinstance(module, FusedMoE):
+            module.process_weights_after_loading(kernels)
     return model.eval()
 
 
@@ -155,13 +160,17 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(before)
 
 
-def _target(name: str) -> tuple[str, str | int | None]:
+def _target(name: str, tensors: Mapping[str, tuple[str, Any]]) -> tuple[str, Any]:
     """Checkpoint name → (our parameter name, the shard of it the tensor fills: q/k/v of the
-    fused q/k/v projection, 0/1 for gate/up, None for a whole parameter)."""
+    fused q/k/v projection, 0/1 for gate/up, None for a whole parameter, or what the model's
+    ``checkpoint_tensors`` says for the tensors it names)."""
     match = _LAYER.match(name)
     if match is None:
         return name.removeprefix("model."), None
     layer, rest = match.groups()
+    if rest in tensors:
+        target, shard_id = tensors[rest]
+        return f"layers.{layer}.{target}", shard_id
     rest = _KV_SCALES.get(rest, rest)
     module, _, kind = rest.rpartition(".")
     if module in _FUSED:

@@ -6,17 +6,37 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvserve.engine.models import registry
+from kvserve.engine.models.moe_config import MoEConfig
 from kvserve.engine.quantization.config import QuantConfig, read_quant_config
 
 
 @dataclass(frozen=True)
 class RopeConfig:
+    """config.json's RoPE parameters; ``rotary.py`` turns them into frequencies.
+
+    ``rope_type`` is one of ``ROPE_TYPES``. ``factor`` scales every type but default;
+    ``low_freq_factor``/``high_freq_factor`` are llama3's; ``beta_fast``/``beta_slow``,
+    ``truncate``, ``mscale``/``mscale_all_dim`` yarn's; ``short_factor``/``long_factor``
+    longrope's (one per rotated pair). ``attention_factor``: the cos/sin scale a config
+    states; None lets yarn and longrope derive theirs from ``factor``."""
+
     theta: float = 10000.0
-    rope_type: str = "default"  # "default" or "llama3"
+    rope_type: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+
+
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -41,6 +61,12 @@ class ModelConfig:
     sliding_window: int | None
     quantization: QuantConfig | None = None
     """The linear layers' quantization (``engine/quantization``); None: 16-bit."""
+    moe: MoEConfig | None = None
+    """The experts of a mixture-of-experts model; None: every layer's MLP is dense."""
+    layer_windows: tuple[int | None, ...] = ()
+    """Each layer's sliding window (None: full attention), for families whose
+    ``layer_types`` alternate (``PER_LAYER_WINDOWS``): the windows live in the layers and
+    ``sliding_window`` is None, so they do not cap the context. Empty: no per-layer window."""
 
     @classmethod
     def from_dir(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -66,6 +92,10 @@ class ModelConfig:
         sliding = raw.get("sliding_window")
         if family == "qwen2" and not raw.get("use_sliding_window", False):
             sliding = None
+        windows: tuple[int | None, ...] = ()
+        if family in PER_LAYER_WINDOWS:
+            windows = _layer_windows(raw, sliding)
+            sliding = None
         return cls(
             architecture=architecture,
             family=family,
@@ -84,7 +114,31 @@ class ModelConfig:
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
             eos_token_ids=tuple(dict.fromkeys(_as_tuple(raw.get("eos_token_id")) + extra_eos)),
             sliding_window=sliding,
+            moe=MoEConfig.from_dict(raw, family),
+            layer_windows=windows,
         )
+
+
+PER_LAYER_WINDOWS = ("gpt_oss",)
+"""Families whose ``layer_types`` give each layer full or sliding-window attention."""
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _layer_windows(raw: dict, sliding: int | None) -> tuple[int | None, ...]:
+    types = raw.get("layer_types")
+    if not isinstance(types, list) or len(types) != raw["num_hidden_layers"]:
+        raise ValueError(
+            f"layer_types must list one of {LAYER_TYPES} for each of the "
+            f"{raw['num_hidden_layers']} layers (num_hidden_layers), got {types!r}"
+        )
+    unknown = sorted({t for t in types if t not in LAYER_TYPES})
+    if unknown:
+        raise ValueError(f"unsupported layer_types {unknown}; supported: {LAYER_TYPES}")
+    if "sliding_attention" in types and not (isinstance(sliding, int) and sliding > 0):
+        raise ValueError(
+            f"sliding_attention layers need a positive sliding_window, got {sliding!r}"
+        )
+    return tuple(sliding if t == "sliding_attention" else None for t in types)
 
 
 def _as_tuple(value) -> tuple[int, ...]:
@@ -102,20 +156,60 @@ def _generation_eos(path: Path) -> tuple[int, ...]:
 
 def _rope(raw: dict) -> RopeConfig:
     """Reads both spellings: transformers 5's ``rope_parameters`` and the older
-    top-level ``rope_theta`` with an optional ``rope_scaling``."""
+    top-level ``rope_theta`` with an optional ``rope_scaling``; a missing
+    ``original_max_position_embeddings`` is the top-level one (Phi-3's spelling), then
+    ``max_position_embeddings``, as transformers fills it in."""
     params = dict(raw.get("rope_scaling") or {})
     params.update(raw.get("rope_parameters") or {})
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
     if rope_type == "default":
         return RopeConfig(theta=theta)
-    if rope_type != "llama3":
-        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: default, llama3")
+    if rope_type == "linear":
+        return RopeConfig(theta=theta, rope_type="linear", factor=_rope_param(params, "factor"))
+    max_positions = raw.get("max_position_embeddings", 2048)
+    original = raw.get(
+        "original_max_position_embeddings",
+        params.get("original_max_position_embeddings", max_positions),
+    )
+    if rope_type == "llama3":
+        return RopeConfig(
+            theta=theta,
+            rope_type="llama3",
+            factor=_rope_param(params, "factor"),
+            low_freq_factor=_rope_param(params, "low_freq_factor"),
+            high_freq_factor=_rope_param(params, "high_freq_factor"),
+            original_max_position_embeddings=original,
+        )
+    factor = params.get("factor") or max_positions / original
+    if rope_type == "yarn":
+        return RopeConfig(
+            theta=theta,
+            rope_type="yarn",
+            factor=factor,
+            original_max_position_embeddings=original,
+            beta_fast=params.get("beta_fast") or 32.0,
+            beta_slow=params.get("beta_slow") or 1.0,
+            truncate=params.get("truncate", True),
+            mscale=params.get("mscale"),
+            mscale_all_dim=params.get("mscale_all_dim"),
+            attention_factor=params.get("attention_factor"),
+        )
     return RopeConfig(
         theta=theta,
-        rope_type="llama3",
-        factor=params["factor"],
-        low_freq_factor=params["low_freq_factor"],
-        high_freq_factor=params["high_freq_factor"],
-        original_max_position_embeddings=params["original_max_position_embeddings"],
+        rope_type="longrope",
+        factor=factor,
+        original_max_position_embeddings=original,
+        attention_factor=params.get("attention_factor"),
+        short_factor=tuple(_rope_param(params, "short_factor")),
+        long_factor=tuple(_rope_param(params, "long_factor")),
     )
+
+
+def _rope_param(params: dict, name: str):
+    if params.get(name) is None:
+        rope_type = params.get("rope_type", params.get("type"))
+        raise ValueError(f"rope_parameters.{name} is required for rope_type {rope_type!r}")
+    return params[name]

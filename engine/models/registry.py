@@ -13,6 +13,10 @@ MODELS: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("mistral", "llama.LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "qwen2.Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "qwen3.Qwen3ForCausalLM"),
+    "Qwen2MoeForCausalLM": ("qwen2_moe", "qwen2_moe.Qwen2MoeForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "qwen3_moe.Qwen3MoeForCausalLM"),
+    "MixtralForCausalLM": ("mixtral", "mixtral.MixtralForCausalLM"),
+    "GptOssForCausalLM": ("gpt_oss", "gpt_oss.GptOssForCausalLM"),
 }
 
 

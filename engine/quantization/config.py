@@ -15,6 +15,8 @@ and listing these):
 * ``modelopt`` with ``quant_algo`` FP8: per-tensor weight and static activation scales.
 * ``awq`` (GEMM packing, zero points) and ``gptq`` (symmetric or not, ``desc_act`` either way;
   checkpoint_format ``gptq`` or ``gptq_v2``): 4-bit weights in groups of 32, 64 or 128.
+* ``mxfp4`` (gpt-oss): the MoE experts' weights in MXFP4 blocks and e8m0 scales
+  (``kernels.mxfp4``), every linear layer 16-bit.
 * ``--quantization fp8`` on a 16-bit checkpoint: per-channel FP8 weights made at load,
   dynamic per-token activations.
 """
@@ -29,7 +31,7 @@ GROUP_SIZES = (32, 64, 128)
 SUPPORTED = (
     "compressed-tensors (float-quantized FP8 W8A8; pack-quantized 4-bit W4A16), "
     "fp8 (block-wise or per-tensor), modelopt (FP8), awq (gemm), gptq (4-bit), "
-    "and --quantization fp8 on a 16-bit checkpoint"
+    "mxfp4 (gpt-oss's experts), and --quantization fp8 on a 16-bit checkpoint"
 )
 
 
@@ -83,7 +85,16 @@ class Int4Scheme:
         return f"int4 groups of {self.group_size} ({zeros}{order}), activations 16-bit"
 
 
-Scheme = Fp8Scheme | Int4Scheme
+@dataclass(frozen=True)
+class Mxfp4Scheme:
+    """MXFP4 mixture-of-experts weights (gpt-oss): the experts' alone, every linear layer
+    16-bit whatever ``modules_to_not_convert`` lists."""
+
+    def describe(self) -> str:
+        return "mxfp4 experts, linear layers 16-bit"
+
+
+Scheme = Fp8Scheme | Int4Scheme | Mxfp4Scheme
 
 
 @dataclass(frozen=True)
@@ -143,6 +154,7 @@ def read_quant_config(path: Path, raw: dict[str, Any], at_load: str | None) -> Q
         "modelopt": _modelopt,
         "awq": _awq,
         "gptq": _gptq,
+        "mxfp4": _mxfp4,
     }
     if method not in readers:
         raise ValueError(
@@ -285,3 +297,7 @@ def _gptq(quant: dict) -> QuantConfig:
     )
     ignore = tuple(quant.get("modules_to_not_convert") or ())
     return QuantConfig("gptq", scheme, ignore)
+
+
+def _mxfp4(quant: dict) -> QuantConfig:
+    return QuantConfig("mxfp4", Mxfp4Scheme(), tuple(quant.get("modules_to_not_convert") or ()))

@@ -44,6 +44,9 @@ class ParsedOutput:
 class ToolParser(ABC):
     """Reads a model's tool calls out of its output text."""
 
+    reads_special_tokens = False
+    """Whether the format is written in special tokens, which the text then keeps."""
+
     @abstractmethod
     def parse(self, text: str, final: bool) -> ParsedOutput:
         """The content and calls of ``text``: the whole output if ``final`` (a malformed call
