@@ -65,7 +65,7 @@ def serve(args: argparse.Namespace) -> int:
     assert plan.num_kv_blocks is not None
     log.info(
         "the KV cache holds %d requests at the full context of %d tokens",
-        plan.num_kv_blocks // plan.max_blocks_per_seq,
+        plan.num_kv_blocks // plan.max_blocks_held_per_seq,
         plan.max_model_len,
     )
     name = args.served_model_name or (args.model if args.model else DEFAULT_MODEL_NAME)

@@ -62,7 +62,8 @@ def test_a_hybrid_request_takes_a_block_per_group_and_drops_only_the_sliding_one
     assert kv.allocate_slots(a, 1)  # the query at 13 reads 8..13
     assert a.block_tables == [[1, 2, 3, 7], [0, 0, 6, 8]]
     assert kv.blocks_needed(13) == 4 + 4  # at most: the whole prompt in one step
-    assert kv.blocks_needed(1000, chunk=4) == 250 + 4  # a window of 6 + a chunk of 4
+    kv.max_step_tokens = 4
+    assert kv.blocks_needed(1000) == 250 + 4  # a window of 6 + a chunk of 4
 
 
 def test_a_prefix_hit_needs_only_the_window_of_its_first_query_still_cached():

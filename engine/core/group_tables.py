@@ -2,7 +2,6 @@
 
 from collections.abc import Callable
 
-from kvserve.engine.cdiv import cdiv
 from kvserve.engine.core.block_hash import BlockHash
 from kvserve.engine.core.block_pool import Block, BlockPool
 from kvserve.engine.core.kv_groups import KVGroup
@@ -17,11 +16,6 @@ class FullAttentionTables:
         self.group = group
         self.pool = pool
         self.block_size = block_size
-
-    def max_blocks(self, num_tokens: int, chunk: int) -> int:
-        """The most blocks one request holds at ``num_tokens`` tokens, computing at most
-        ``chunk`` of them in a step."""
-        return cdiv(num_tokens, self.block_size)
 
     def num_skipped(self, first_position: int) -> int:
         """Leading blocks a request no longer reads once it computes from ``first_position``."""
@@ -53,11 +47,6 @@ class SlidingWindowTables(FullAttentionTables):
     request holds about ``window / block_size + 1`` blocks of this group whatever its
     length. A prefix hit of ``h`` blocks needs cached only the blocks the query at position
     ``h * block_size`` reads."""
-
-    def max_blocks(self, num_tokens: int, chunk: int) -> int:
-        assert self.group.window is not None
-        reach = cdiv(self.group.window - 1 + chunk, self.block_size) + 1
-        return min(cdiv(num_tokens, self.block_size), reach)
 
     def num_skipped(self, first_position: int) -> int:
         return self.group.blocks_skipped(first_position, self.block_size)

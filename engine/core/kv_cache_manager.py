@@ -55,7 +55,10 @@ class KVCacheManager:
         hash_algo: str = "sha256",
         groups: Sequence[KVGroup] = DENSE,
         num_state_slots: int = 0,
+        max_step_tokens: int | None = None,
     ) -> None:
+        """``max_step_tokens``: the most tokens a request computes in one step (None: its
+        whole prompt), which bounds the blocks a sliding-window group needs at once."""
         if not groups:
             raise ValueError("a KV cache needs at least one group of attention layers")
         self.block_size = block_size
@@ -78,11 +81,12 @@ class KVCacheManager:
         ]
         self.sliding = [t for t in self.tables if t.group.window is not None]
         self.slots = StateSlots(num_state_slots) if num_state_slots else None
+        self.max_step_tokens = max_step_tokens
 
-    def blocks_needed(self, num_tokens: int, chunk: int | None = None) -> int:
-        """The most blocks a request of ``num_tokens`` tokens holds at once, computing at
-        most ``chunk`` (default: all) of them in one step."""
-        return sum(t.max_blocks(num_tokens, chunk or num_tokens) for t in self.tables)
+    def blocks_needed(self, num_tokens: int) -> int:
+        """The most blocks a request of ``num_tokens`` tokens holds at once."""
+        chunk = min(self.max_step_tokens or num_tokens, num_tokens)
+        return sum(g.max_blocks(num_tokens, self.block_size, chunk) for g in self.groups)
 
     def computed_blocks(self, request: Request) -> PrefixHit:
         """The cached prefix of a request that has none computed yet (none for a request

@@ -3,6 +3,8 @@
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvserve.engine.cdiv import cdiv
+
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 LINEAR = "linear_attention"
@@ -42,6 +44,15 @@ class KVGroup:
     kind: str
     window: int | None
     layers: tuple[int, ...]
+
+    def max_blocks(self, num_tokens: int, block_size: int, chunk: int) -> int:
+        """The most blocks one request of ``num_tokens`` tokens holds in this group, computing
+        at most ``chunk`` of them in a step: a window's (and a chunk's) worth at most in a
+        sliding-window group."""
+        blocks = cdiv(num_tokens, block_size)
+        if self.window is None:
+            return blocks
+        return min(blocks, cdiv(self.window - 1 + chunk, block_size) + 1)
 
     def blocks_skipped(self, first_position: int, block_size: int) -> int:
         """Leading blocks of a table that a query at ``first_position`` or later never reads

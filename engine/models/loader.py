@@ -17,6 +17,7 @@ from kvserve.engine.layers.linear import (
     default_weight_loader,
 )
 from kvserve.engine.layers.moe.fused_moe import FusedMoE
+from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models import registry
 from kvserve.engine.models.decoder import DecoderLM
@@ -116,10 +117,11 @@ def load_model(
     ]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(missing[:5])}")
-    model.rotary.build(dtype, device)
     kernels = "triton" if backend.name == "triton" else "cpu-packed" if packed else "torch"
     for module in model.modules():
-        if isinstance(module, LinearBase):
+        if isinstance(module, RotaryEmbedding):
+            module.build(dtype, device)
+        elif isinstance(module, LinearBase):
             module.method.process_weights_after_loading(module, kernels)
         elif isinstance(module, FusedMoE):
             module.process_weights_after_loading(kernels)
