@@ -13,7 +13,7 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models.model_config import ModelConfig
 
 from audit import assert_all_released, audit_blocks
-from gemma_checkpoints import WINDOW, build_gemma3
+from gemma_checkpoints import WINDOW, build_gemma3, build_gemma3_image_text
 from reference import assert_greedy_match, hf_greedy
 
 SCENARIOS = {
@@ -37,6 +37,11 @@ def gemma3_softcapped(tmp_path_factory):
         attn_logit_softcapping=2.0,
         final_logit_softcapping=15.0,
     )
+
+
+@pytest.fixture(scope="module")
+def gemma3_image_text(tmp_path_factory):
+    return build_gemma3_image_text(tmp_path_factory.mktemp("gemma3-it") / "image-text")
 
 
 def greedy_matches(path, scenario: str, seed: int) -> LLMEngine:
@@ -95,3 +100,13 @@ def test_the_window_caps_no_context(gemma3):
     assert "shared by 3 groups of 1 layers (1 full_attention, 2 sliding_attention 8)" in str(
         engine.plan
     )
+
+
+def test_an_image_text_checkpoint_serves_its_language_model(gemma3_image_text):
+    cfg = ModelConfig.from_dir(gemma3_image_text)
+    assert (cfg.architecture, cfg.family, cfg.num_layers) == (
+        "Gemma3ForConditionalGeneration",
+        "gemma3",
+        3,
+    )
+    greedy_matches(gemma3_image_text, "chunked-prefill-preemption-prefix-cache", seed=50)

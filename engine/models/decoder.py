@@ -197,6 +197,11 @@ class DecoderLM(nn.Module):
         maps the dense names (q/k/v, gate/up) itself."""
         return {}
 
+    def checkpoint_name(self, name: str) -> str | None:
+        """A checkpoint tensor's name as a text-only checkpoint spells it (``model.layers.3
+        ...``); None for a tensor this model does not take (another modality's)."""
+        return name
+
     def forward(
         self,
         input_ids,

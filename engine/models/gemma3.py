@@ -10,6 +10,7 @@ config also names ``attn_logit_softcapping``; transformers' Gemma 3 attention ig
 so does this one.)
 """
 
+import re
 from typing import Any
 
 import torch
@@ -156,3 +157,19 @@ class Gemma3ForCausalLM(DecoderLM):
         assert self.config.gemma is not None
         cap = self.config.gemma.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+_LANGUAGE_MODEL = re.compile(r"^(?:model\.language_model\.|language_model\.model\.)")
+_OTHER_MODALITIES = re.compile(r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.")
+
+
+class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    """The language model of a Gemma 3 image-text checkpoint, for text-only serving: the
+    vision tower and the projector in the checkpoint are skipped."""
+
+    def checkpoint_name(self, name: str) -> str | None:
+        if _OTHER_MODALITIES.match(name):
+            return None
+        if name == "language_model.lm_head.weight":
+            return "lm_head.weight"
+        return _LANGUAGE_MODEL.sub("model.", name)

@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 
 GEMMA_FAMILIES = ("gemma3",)
+MULTIMODAL = ("Gemma3ForConditionalGeneration",)
+"""Architectures whose config.json nests the language model's under ``text_config``."""
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh",)
 
 
@@ -51,3 +53,13 @@ def local_rope_parameters(raw: dict) -> dict:
     if nested:
         return nested.get("sliding_attention") or {}
     return {"rope_theta": raw.get("rope_local_base_freq", 10000.0)}
+
+
+def language_model_config(raw: dict) -> dict:
+    """The language model's config of a ``MULTIMODAL`` checkpoint's ``raw``, with the
+    top-level settings that are the whole model's (architecture, dtype, ties, EOS)."""
+    text = dict(raw.get("text_config") or {})
+    for key in ("architectures", "dtype", "torch_dtype", "tie_word_embeddings", "eos_token_id"):
+        if key in raw:
+            text[key] = raw[key]
+    return text

@@ -85,8 +85,11 @@ def load_model(
             for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if _IGNORED.match(name):
                     continue
-                has_lm_head |= name == "lm_head.weight"
-                target, shard_id = _target(name, tensors)
+                ours = model.checkpoint_name(name)
+                if ours is None:
+                    continue
+                has_lm_head |= ours == "lm_head.weight"
+                target, shard_id = _target(ours, tensors)
                 target, transform = renames.get(target, (target, None))
                 param = params.get(target)
                 if param is None:

@@ -6,7 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvserve.engine.models import registry
-from kvserve.engine.models.gemma_config import GEMMA_FAMILIES, GemmaConfig, global_rope_config
+from kvserve.engine.models.gemma_config import (
+    GEMMA_FAMILIES,
+    MULTIMODAL,
+    GemmaConfig,
+    global_rope_config,
+    language_model_config,
+)
 from kvserve.engine.models.moe_config import MoEConfig
 from kvserve.engine.quantization.config import QuantConfig, read_quant_config
 
@@ -86,6 +92,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict, extra_eos: tuple[int, ...] = ()) -> "ModelConfig":
         architecture = (raw.get("architectures") or ["?"])[0]
+        if architecture in MULTIMODAL:
+            raw = language_model_config(raw)
         family = registry.family(architecture)
         gemma = GemmaConfig.from_dict(raw, family)
         if gemma is None and raw.get("hidden_act", "silu") != "silu":

@@ -18,6 +18,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "MixtralForCausalLM": ("mixtral", "mixtral.MixtralForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "gpt_oss.GptOssForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "gemma3.Gemma3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": ("gemma3", "gemma3.Gemma3ForConditionalGeneration"),
 }
 
 
