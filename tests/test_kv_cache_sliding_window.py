@@ -3,6 +3,7 @@ runs, prefix hits need only the blocks the next query reads; by exact block ids.
 
 from kvserve.engine.core.kv_cache_manager import KVCacheManager
 from kvserve.engine.core.kv_groups import FULL, SLIDING, KVGroup
+from kvserve.engine.kv_events import BlockRemoved, BlockStored, KVEventLog
 
 from audit import audit_blocks
 from factories import finish_step, make_request, make_scheduler
@@ -134,3 +135,18 @@ def test_scheduled_sliding_requests_keep_the_audit_through_chunks_and_preemption
     assert all(r.num_output_tokens == 40 for r in requests)
     assert s.stats.num_preemptions > 0
     assert s.kv.pool.num_free_blocks == s.kv.pool.num_usable_blocks
+
+
+def test_kv_events_report_the_full_attention_groups_blocks_alone():
+    log = KVEventLog()
+    kv = KVCacheManager(16, 4, enable_prefix_caching=True, events=log, groups=HYBRID)
+    a = make_request(tokens=list(range(100, 109)))
+    assert kv.allocate_slots(a, 9)
+    a.num_computed_tokens = 9
+    kv.cache_computed_blocks(a)  # two full blocks, cached in both groups
+    assert [kv.pool.lookup(h, group=1) is not None for h in a.block_hashes] == [True, True]
+    keys = list(a.block_hashes)
+    assert log.take() == [BlockStored(keys, None, list(range(100, 108)), 4)]
+    kv.free(a)
+    kv.pool.allocate(kv.pool.num_usable_blocks)  # evicts every block of both groups
+    assert log.take() == [BlockRemoved(list(reversed(keys)))]
