@@ -4,6 +4,8 @@ split a window) with preemption and prefix caching, the audit of every KV group 
 step; its sliding layers' blocks leave the cache while a request runs; the window caps no
 context."""
 
+import random
+
 import pytest
 from test_engine_matches_transformers import MAX_TOKENS, make_prompts, run
 
@@ -110,3 +112,14 @@ def test_an_image_text_checkpoint_serves_its_language_model(gemma3_image_text):
         3,
     )
     greedy_matches(gemma3_image_text, "chunked-prefill-preemption-prefix-cache", seed=50)
+
+
+def test_prompts_of_1_to_200_tokens_match_transformers_in_chunks_that_split_windows(gemma3):
+    settings = SCENARIOS["chunked-prefill-preemption-prefix-cache"] | {"num_kv_blocks": 160}
+    engine = LLMEngine(EngineConfig(model=str(gemma3), dtype="float32", **settings))
+    rng = random.Random(51)
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 2, 9, 77, 200)]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outputs = run(engine, prompts, params)  # audits every group after every step
+    for prompt, got in zip(prompts, outputs, strict=True):
+        assert_greedy_match(str(gemma3), prompt, hf_greedy(str(gemma3), prompt, MAX_TOKENS), got)
