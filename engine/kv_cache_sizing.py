@@ -25,19 +25,23 @@ GIB = 2**30
 DEFAULT_CPU_KV_CACHE_GB = 4.0
 
 
-def kv_block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block: keys and values of ``block_size`` tokens in every layer, each
-    element a ``dtype`` (the cache's: 1 byte for e4m3, so twice a 16-bit cache's blocks fit
-    in one budget)."""
+def kv_block_bytes(
+    model_config: ModelConfig, block_size: int, dtype: torch.dtype, num_layers: int
+) -> int:
+    """Bytes of one block: keys and values of ``block_size`` tokens in ``num_layers`` layers
+    (a dense model's all; a hybrid model's group size, ``kv_groups``), each element a
+    ``dtype`` (the cache's: 1 byte for e4m3, so twice a 16-bit cache's blocks fit in one
+    budget)."""
     cfg = model_config
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+    return 2 * num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
 
 
 def configured_kv_blocks(
-    config: EngineConfig, block_bytes: int, max_model_len: int, device: torch.device
+    config: EngineConfig, block_bytes: int, blocks_per_seq: int, device: torch.device
 ) -> int | None:
-    """The blocks the settings fix without measuring; None where they are the share of a
-    CUDA device's memory left after a profiled step (``cuda_kv_cache_blocks``)."""
+    """The blocks the settings fix without measuring (``blocks_per_seq``: those one request
+    holds at the full context); None where they are the share of a CUDA device's memory
+    left after a profiled step (``cuda_kv_cache_blocks``)."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     if config.kv_cache_memory_gb is not None:
@@ -47,7 +51,7 @@ def configured_kv_blocks(
         return blocks
     if device.type == "cuda":
         return None
-    full_contexts = config.max_num_seqs * cdiv(max_model_len, config.block_size)
+    full_contexts = config.max_num_seqs * blocks_per_seq
     return min(full_contexts, int(DEFAULT_CPU_KV_CACHE_GB * GIB) // block_bytes)
 
 

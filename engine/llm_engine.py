@@ -73,6 +73,8 @@ class LLMEngine:
                 config.enable_prefix_caching,
                 KVEventLog() if self.kv_events is not None else None,
                 config.prefix_caching_hash_algo,
+                self.plan.kv_groups,
+                max_step_tokens=config.max_num_batched_tokens,
             )
         self.scheduler = Scheduler(
             SchedulerConfig(

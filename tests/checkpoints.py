@@ -10,6 +10,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     GptOssConfig,
     LlamaConfig,
     MistralConfig,
@@ -61,6 +62,7 @@ CONFIGS = {
     "qwen3_moe": Qwen3MoeConfig,
     "mixtral": MixtralConfig,
     "gpt_oss": GptOssConfig,
+    "gemma3_text": Gemma3TextConfig,
 }
 BASE = dict(
     vocab_size=VOCAB_SIZE,

@@ -31,7 +31,8 @@ def test_unsupported_architecture_names_the_supported_ones():
     assert str(err.value) == (
         "unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, "
         "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, "
-        "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM"
+        "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, Gemma3ForCausalLM, "
+        "Gemma3ForConditionalGeneration"
     )
 
 

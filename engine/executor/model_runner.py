@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from kvserve.engine import host_allocator
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.core.kv_groups import group_size
 from kvserve.engine.core.request import Request
 from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.device_copy import to_device
@@ -36,7 +37,7 @@ class StepInputs:
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    meta: AttentionMetadata
+    meta: AttentionMetadata | list[AttentionMetadata]  # one, or one per layer (KV groups)
     logits_indices: torch.Tensor  # rows whose logits are sampled, one per sampling request
     every_row: bool  # logits_indices are all the rows, in order (as in a decode-only step)
 
@@ -89,13 +90,20 @@ class ModelRunner:
                 model_config.head_dim,
             )
             kv_dtype = plan.kv_cache_dtype
-            self.kv_caches = [
+            pages = [
                 (
                     torch.zeros(shape, dtype=kv_dtype, device=device),
                     torch.zeros(shape, dtype=kv_dtype, device=device),
                 )
-                for _ in range(model_config.num_layers)
+                for _ in range(group_size(plan.kv_groups))
             ]
+            # a group's i-th layer keeps its keys and values in the i-th tensor pair
+            self.kv_caches = [pages[0]] * model_config.num_layers
+            self.layer_groups = [0] * model_config.num_layers
+            for index, group in enumerate(plan.kv_groups):
+                for position, layer in enumerate(group.layers):
+                    self.kv_caches[layer] = pages[position]
+                    self.layer_groups[layer] = index
         if device.type == "cpu":
             host_allocator.keep_step_memory()
         self.forward: Callable[..., torch.Tensor] = self.model
@@ -126,26 +134,31 @@ class ModelRunner:
         which a request overwrites before it reads them. Every rank builds this step itself
         (it is the same on each), so the ranks' first collectives meet without the executor."""
         request = Request("warmup", [0], SamplingParams(max_tokens=1))
-        request.block_ids = [0]
+        request.block_tables = [[0] for _ in self.plan.kv_groups]
+        request.num_skipped_blocks = [0] * len(self.plan.kv_groups)
         out = SchedulerOutput()
         out.add(request, 1)
         self.run(self.prepare(out))
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
+        """The step's inputs; a model of several KV groups gets one ``AttentionMetadata``
+        per layer (its group's block tables and slots, the rest shared)."""
         bs = self.plan.block_size
+        num_groups = len(self.plan.kv_groups)
         ids: list[int] = []
-        positions, slots, query_lens, seq_lens = [], [], [], []
-        tables = np.zeros(
-            (len(out.scheduled), max(len(r.block_ids) for r, _ in out.scheduled)), dtype=np.int32
-        )
+        positions, query_lens, seq_lens = [], [], []
+        slots: list[list[np.ndarray]] = [[] for _ in range(num_groups)]
+        width = max(len(r.block_ids) for r, _ in out.scheduled)
+        tables = np.zeros((num_groups, len(out.scheduled), width), dtype=np.int32)
         for row, (request, num_new) in enumerate(out.scheduled):
             start = request.num_computed_tokens
             ids.extend(request.all_token_ids[start : start + num_new])
-            table = np.asarray(request.block_ids, dtype=np.int64)
             pos = np.arange(start, start + num_new)
             positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            tables[row, : len(table)] = table
+            for group, block_ids in enumerate(request.block_tables):
+                table = np.asarray(block_ids, dtype=np.int64)
+                slots[group].append(table[pos // bs] * bs + pos % bs)
+                tables[group, row, : len(table)] = table
             query_lens.append(num_new)
             seq_lens.append(start + num_new)
         ends = np.cumsum(query_lens)
@@ -160,20 +173,25 @@ class ModelRunner:
             logits_rows.append(np.arange(span.start, span.stop) + offset[id(request)])
         rows = np.concatenate(logits_rows)
         dev = self.plan.device
-        meta = AttentionMetadata(
-            slot_mapping=to_device(np.concatenate(slots), dev),
-            query_start_loc=to_device(np.concatenate([[0], ends]), dev, torch.int32),
-            seq_lens=to_device(seq_lens, dev, torch.int32),
-            block_tables=to_device(tables, dev),
-            query_lens_host=query_lens,
-            seq_lens_host=seq_lens,
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-        )
+        query_start_loc = to_device(np.concatenate([[0], ends]), dev, torch.int32)
+        seq_lens_dev = to_device(seq_lens, dev, torch.int32)
+        metas = [
+            AttentionMetadata(
+                slot_mapping=to_device(np.concatenate(slots[group]), dev),
+                query_start_loc=query_start_loc,
+                seq_lens=seq_lens_dev,
+                block_tables=to_device(tables[group], dev),
+                query_lens_host=query_lens,
+                seq_lens_host=seq_lens,
+                max_query_len=max(query_lens),
+                max_seq_len=max(seq_lens),
+            )
+            for group in range(num_groups)
+        ]
         return StepInputs(
             input_ids=to_device(ids, dev, torch.long),
             positions=to_device(np.concatenate(positions), dev),
-            meta=meta,
+            meta=metas[0] if num_groups == 1 else [metas[g] for g in self.layer_groups],
             logits_indices=to_device(rows, dev),
             every_row=np.array_equal(rows, np.arange(len(ids))),
         )

@@ -199,12 +199,17 @@ class DecoderLM(nn.Module):
         maps the dense names (q/k/v, gate/up) itself."""
         return {}
 
+    def checkpoint_name(self, name: str) -> str | None:
+        """A checkpoint tensor's name as a text-only checkpoint spells it (``model.layers.3
+        ...``); None for a tensor this model does not take (another modality's)."""
+        return name
+
     def forward(
         self,
         input_ids,
         positions,
         kv_caches: list[KVCache],
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | list[AttentionMetadata],
         out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The last layer's hidden states of every row, or of rows ``out_rows`` alone (in
@@ -222,17 +227,20 @@ class DecoderLM(nn.Module):
         hidden: torch.Tensor,
         positions,
         kv_caches: list[KVCache],
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | list[AttentionMetadata],
         out_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward`` from the embedded tokens ``hidden`` (which become the residual
+        """``meta``: the step's, or each layer's (a model of several KV groups). ``forward``
+        from the embedded tokens ``hidden`` (which become the residual
         stream's buffer, updated in place) to the last layer's (hidden, residual), whose sum
         is ``forward``'s result."""
         residual = None
         last = len(self.layers) - 1
-        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+        metas = meta if isinstance(meta, list) else [meta] * len(self.layers)
+        layers = zip(self.layers, kv_caches, metas, strict=True)
+        for i, (layer, kv_cache, layer_meta) in enumerate(layers):
             rows = out_rows if i == last else None
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta, rows)
+            hidden, residual = layer(positions, hidden, residual, kv_cache, layer_meta, rows)
         assert residual is not None  # config.json names at least one layer
         return hidden, residual
 

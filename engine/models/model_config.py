@@ -6,6 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvserve.engine.models import registry
+from kvserve.engine.models.gemma_config import (
+    GEMMA_FAMILIES,
+    MULTIMODAL,
+    GemmaConfig,
+    global_rope_config,
+    language_model_config,
+)
 from kvserve.engine.models.gguf_checkpoint import gguf_config, gguf_file
 from kvserve.engine.models.moe_config import MoEConfig
 from kvserve.engine.quantization.config import QuantConfig, read_quant_config
@@ -68,6 +75,8 @@ class ModelConfig:
     """Each layer's sliding window (None: full attention), for families whose
     ``layer_types`` alternate (``PER_LAYER_WINDOWS``): the windows live in the layers and
     ``sliding_window`` is None, so they do not cap the context. Empty: no per-layer window."""
+    gemma: GemmaConfig | None = None
+    """A Gemma family's own settings; None for the others."""
 
     @classmethod
     def from_dir(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -91,8 +100,11 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict, extra_eos: tuple[int, ...] = ()) -> "ModelConfig":
         architecture = (raw.get("architectures") or ["?"])[0]
+        if architecture in MULTIMODAL:
+            raw = language_model_config(raw)
         family = registry.family(architecture)
-        if raw.get("hidden_act", "silu") != "silu":
+        gemma = GemmaConfig.from_dict(raw, family)
+        if gemma is None and raw.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; only silu")
         if raw.get("mlp_bias"):
             raise ValueError("mlp_bias is not supported")
@@ -103,6 +115,11 @@ class ModelConfig:
         windows: tuple[int | None, ...] = ()
         if family in PER_LAYER_WINDOWS:
             windows = _layer_windows(raw, sliding)
+            sliding = None
+        elif sliding and family in GLOBAL_WINDOWS:
+            windows = _layer_windows(
+                {**raw, "layer_types": _global_layer_types(raw, family)}, sliding
+            )
             sliding = None
         return cls(
             architecture=architecture,
@@ -116,7 +133,7 @@ class ModelConfig:
             head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            rope=_rope(raw),
+            rope=_rope(global_rope_config(raw) if gemma else raw),
             attention_bias=bool(raw.get("attention_bias", False)),
             tie_word_embeddings=raw.get("tie_word_embeddings"),
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
@@ -124,12 +141,27 @@ class ModelConfig:
             sliding_window=sliding,
             moe=MoEConfig.from_dict(raw, family),
             layer_windows=windows,
+            gemma=gemma,
         )
 
 
-PER_LAYER_WINDOWS = ("gpt_oss",)
+PER_LAYER_WINDOWS = ("gpt_oss", *GEMMA_FAMILIES)
 """Families whose ``layer_types`` give each layer full or sliding-window attention."""
 LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+GLOBAL_WINDOWS = ("mistral", "qwen2")
+"""Families whose one ``sliding_window`` is every layer's (Mistral), or, with
+``use_sliding_window``, that of the layers from ``max_window_layers`` on (Qwen2)."""
+
+
+def _global_layer_types(raw: dict, family: str) -> list[str]:
+    """``layer_types`` as transformers derives them for a ``GLOBAL_WINDOWS`` family."""
+    count = raw["num_hidden_layers"]
+    if "layer_types" in raw:
+        return raw["layer_types"]
+    first = raw.get("max_window_layers", 28) if family == "qwen2" else 0
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(count)]
 
 
 def _layer_windows(raw: dict, sliding: int | None) -> tuple[int | None, ...]:

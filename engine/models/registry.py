@@ -17,6 +17,8 @@ MODELS: dict[str, tuple[str, str]] = {
     "Qwen3MoeForCausalLM": ("qwen3_moe", "qwen3_moe.Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "mixtral.MixtralForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "gpt_oss.GptOssForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma3", "gemma3.Gemma3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": ("gemma3", "gemma3.Gemma3ForConditionalGeneration"),
 }
 
 
