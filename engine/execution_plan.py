@@ -8,7 +8,15 @@ import torch
 
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import DTYPES, EngineConfig
-from kvserve.engine.core.kv_groups import FULL, SLIDING, KVGroup, LayerKind, group_size, kv_groups
+from kvserve.engine.core.kv_groups import (
+    FULL,
+    LINEAR,
+    SLIDING,
+    KVGroup,
+    LayerKind,
+    group_size,
+    kv_groups,
+)
 from kvserve.engine.graphs.cpu_graphs import use_cpu_graphs
 from kvserve.engine.graphs.cuda_graphs import use_cuda_graphs
 from kvserve.engine.kernels.cpu_isa import cpu_flags, native_bf16
@@ -56,6 +64,12 @@ class ExecutionPlan:
     max_blocks_held_per_seq: int
     """The most blocks of all groups one request holds at the full context (a sliding
     window's group holds its window's, whatever the context)."""
+    num_state_slots: int = 0
+    """Recurrent-state slots of a model with linear-attention layers, one per sequence that
+    may run (``max_num_seqs``; a step is never padded, so no scratch slot); 0 without."""
+    state_slot_bytes: int = 0
+    """One slot's bytes on this rank: the conv and ssm states of every linear-attention
+    layer. The slots' memory comes off the KV cache's budget."""
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -65,7 +79,13 @@ class ExecutionPlan:
     def with_measured_kv_blocks(self, model: DecoderLM, config: EngineConfig) -> "ExecutionPlan":
         """This plan with the blocks that fit next to ``model`` and its largest step."""
         blocks = cuda_kv_cache_blocks(
-            model, config, self.max_model_len, self.kv_block_bytes, self.kv_cache_dtype, self.device
+            model,
+            config,
+            self.max_model_len,
+            self.kv_block_bytes,
+            self.kv_cache_dtype,
+            self.device,
+            self.num_state_slots * self.state_slot_bytes,
         )
         return dataclasses.replace(self, num_kv_blocks=blocks)
 
@@ -84,6 +104,16 @@ class ExecutionPlan:
             f"{'kv fp8, ' if self.kv_cache_dtype == FP8 else ''}"
             f"{self.num_kv_blocks} KV blocks x {self.block_size} tokens"
             f"{self._groups_note()}"
+            f"{self._slots_note()}"
+        )
+
+    def _slots_note(self) -> str:
+        if not self.num_state_slots:
+            return ""
+        mib = self.num_state_slots * self.state_slot_bytes / 2**20
+        return (
+            f", {self.num_state_slots} state slots x {self.state_slot_bytes} bytes "
+            f"({mib:.1f} MiB) for the linear-attention layers"
         )
 
     def _groups_note(self) -> str:
@@ -126,10 +156,17 @@ def plan_execution(
         g.max_blocks(max_model_len, config.block_size, config.max_num_batched_tokens)
         for g in groups
     )
+    linear = model_config.gated_delta_net
+    slots = config.max_num_seqs if linear is not None else 0
+    slot_bytes = (
+        len(model_config.linear_layers) * linear.state_spec(tp, dtype).bytes_per_slot
+        if linear is not None
+        else 0
+    )
     # CUDA graphs and recorded CPU decode steps were never proven with collectives inside:
     # a model sharded over several ranks runs every step eagerly
-    # nor with several block tables (a hybrid model's groups)
-    eager = config.enforce_eager or tp > 1 or len(groups) > 1
+    # nor with several block tables (a hybrid model's groups), nor with state slots
+    eager = config.enforce_eager or tp > 1 or len(groups) > 1 or slots > 0
     return ExecutionPlan(
         model=config.model,
         family=model_config.family,
@@ -145,16 +182,26 @@ def plan_execution(
         block_size=config.block_size,
         kv_cache_dtype=kv_dtype,
         kv_block_bytes=block_bytes,
-        num_kv_blocks=configured_kv_blocks(config, block_bytes, held, device),
+        num_kv_blocks=configured_kv_blocks(config, block_bytes, held, device, slots * slot_bytes),
         kv_groups=groups,
         max_blocks_held_per_seq=held,
+        num_state_slots=slots,
+        state_slot_bytes=slot_bytes,
     )
 
 
 def layer_kinds(model_config: ModelConfig) -> tuple[LayerKind, ...]:
-    """Each layer's memory: its window from ``layer_windows``, else full attention."""
+    """Each layer's memory: a state slot for ``linear_layers``, else its window from
+    ``layer_windows``, else full attention."""
     windows = model_config.layer_windows or (None,) * model_config.num_layers
-    return tuple(LayerKind(FULL) if w is None else LayerKind(SLIDING, w) for w in windows)
+    return tuple(
+        LayerKind(LINEAR)
+        if i in model_config.linear_layers
+        else LayerKind(FULL)
+        if w is None
+        else LayerKind(SLIDING, w)
+        for i, w in enumerate(windows)
+    )
 
 
 def _device(config: EngineConfig) -> torch.device:

@@ -37,22 +37,27 @@ def kv_block_bytes(
 
 
 def configured_kv_blocks(
-    config: EngineConfig, block_bytes: int, blocks_per_seq: int, device: torch.device
+    config: EngineConfig,
+    block_bytes: int,
+    blocks_per_seq: int,
+    device: torch.device,
+    state_bytes: int = 0,
 ) -> int | None:
     """The blocks the settings fix without measuring (``blocks_per_seq``: those one request
     holds at the full context); None where they are the share of a CUDA device's memory
-    left after a profiled step (``cuda_kv_cache_blocks``)."""
+    left after a profiled step (``cuda_kv_cache_blocks``). ``state_bytes``: the
+    linear-attention layers' state slots, which come off a budget first."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     if config.kv_cache_memory_gb is not None:
-        blocks = int(config.kv_cache_memory_gb * GIB) // block_bytes
+        blocks = (int(config.kv_cache_memory_gb * GIB) - state_bytes) // block_bytes
         if blocks < 1:
             raise ValueError(f"a KV budget of {config.kv_cache_memory_gb:.3f} GiB holds no block")
         return blocks
     if device.type == "cuda":
         return None
     full_contexts = config.max_num_seqs * blocks_per_seq
-    return min(full_contexts, int(DEFAULT_CPU_KV_CACHE_GB * GIB) // block_bytes)
+    return min(full_contexts, (int(DEFAULT_CPU_KV_CACHE_GB * GIB) - state_bytes) // block_bytes)
 
 
 @dataclass(frozen=True)
@@ -64,10 +69,13 @@ class MemoryProfile:
     non_torch_bytes: int  # in use outside torch's pool: CUDA context, other processes
 
 
-def kv_cache_blocks(profile: MemoryProfile, utilization: float, block_bytes: int) -> int:
-    """Blocks of ``block_bytes`` in ``utilization`` of the device, less what is in use."""
+def kv_cache_blocks(
+    profile: MemoryProfile, utilization: float, block_bytes: int, state_bytes: int = 0
+) -> int:
+    """Blocks of ``block_bytes`` in ``utilization`` of the device, less what is in use and
+    the ``state_bytes`` of the linear-attention layers' state slots."""
     budget = int(profile.total_bytes * utilization)
-    free = budget - profile.peak_torch_bytes - profile.non_torch_bytes
+    free = budget - profile.peak_torch_bytes - profile.non_torch_bytes - state_bytes
     blocks = max(free, 0) // block_bytes
     log.info(
         "KV cache: %d blocks (%.2f GiB) = %.2f GiB (%.2f of %.2f GiB) - %.2f GiB weights and "
@@ -165,11 +173,12 @@ def cuda_kv_cache_blocks(
     block_bytes: int,
     kv_dtype: torch.dtype,
     device: torch.device,
+    state_bytes: int = 0,
 ) -> int:
     """Profile the largest step of ``config`` on the loaded ``model`` and size the cache
-    (of ``kv_dtype``)."""
+    (of ``kv_dtype``) next to ``state_bytes`` of state slots."""
     lens = profile_query_lens(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
     profile = measure_cuda_memory(
         device, lambda: profile_step(model, lens, config.block_size, kv_dtype, device)
     )
-    return kv_cache_blocks(profile, config.gpu_memory_utilization, block_bytes)
+    return kv_cache_blocks(profile, config.gpu_memory_utilization, block_bytes, state_bytes)

@@ -20,6 +20,7 @@ from transformers import (
     Qwen2MoeConfig,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
 )
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -63,6 +64,7 @@ CONFIGS = {
     "mixtral": MixtralConfig,
     "gpt_oss": GptOssConfig,
     "gemma3_text": Gemma3TextConfig,
+    "qwen3_next": Qwen3NextConfig,
 }
 BASE = dict(
     vocab_size=VOCAB_SIZE,

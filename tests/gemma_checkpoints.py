@@ -36,7 +36,7 @@ GEMMA3 = dict(
 
 def build_gemma3(path: Path, seed: int = 0, **overrides) -> Path:
     build_checkpoint("gemma3_text", path, seed, **{**GEMMA3, **overrides})
-    _draw_norms(path, seed)
+    draw_norms(path, seed)
     return path
 
 
@@ -62,7 +62,8 @@ def build_gemma3_image_text(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def _draw_norms(path: Path, seed: int) -> None:
+def draw_norms(path: Path, seed: int) -> None:
+    """Every ``*norm.weight`` of the checkpoint at ``path`` redrawn from N(0, 0.3²)."""
     weights = load_file(path / "model.safetensors")
     generator = torch.Generator().manual_seed(seed)
     for name, tensor in weights.items():

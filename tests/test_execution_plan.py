@@ -61,6 +61,8 @@ def test_a_tiny_checkpoint_on_the_cpu_gets_an_exact_plan(checkpoint):
         "num_kv_blocks": 3 * 7,  # max_num_seqs full contexts of ceil(100 / 16) blocks
         "kv_groups": (KVGroup("full_attention", None, (0, 1)),),  # one: a dense model
         "max_blocks_held_per_seq": 7,
+        "num_state_slots": 0,  # no linear-attention layers
+        "state_slot_bytes": 0,
     }
     assert plan.max_blocks_per_seq == 7
 

@@ -23,7 +23,9 @@ from kvserve.engine.execution_plan import ExecutionPlan
 from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
 from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
+from kvserve.engine.layers.linear_attention.metadata import StateMetadata
 from kvserve.engine.layers.tensor_parallel import TensorParallel
+from kvserve.engine.models.decoder import StepMetadata
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.sampling_params import SamplingParams
@@ -37,7 +39,7 @@ class StepInputs:
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    meta: AttentionMetadata | list[AttentionMetadata]  # one, or one per layer (KV groups)
+    meta: StepMetadata
     logits_indices: torch.Tensor  # rows whose logits are sampled, one per sampling request
     every_row: bool  # logits_indices are all the rows, in order (as in a decode-only step)
 
@@ -104,6 +106,12 @@ class ModelRunner:
                 for position, layer in enumerate(group.layers):
                     self.kv_caches[layer] = pages[position]
                     self.layer_groups[layer] = index
+            self.linear_layers = model_config.linear_layers
+            if plan.num_state_slots:
+                assert model_config.gated_delta_net is not None
+                spec = model_config.gated_delta_net.state_spec(tp.size, dtype)
+                for layer in self.linear_layers:
+                    self.kv_caches[layer] = spec.allocate(plan.num_state_slots, device)
         if device.type == "cpu":
             host_allocator.keep_step_memory()
         self.forward: Callable[..., torch.Tensor] = self.model
@@ -136,13 +144,15 @@ class ModelRunner:
         request = Request("warmup", [0], SamplingParams(max_tokens=1))
         request.block_tables = [[0] for _ in self.plan.kv_groups]
         request.num_skipped_blocks = [0] * len(self.plan.kv_groups)
+        request.state_slot = 0 if self.plan.num_state_slots else None
         out = SchedulerOutput()
         out.add(request, 1)
         self.run(self.prepare(out))
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         """The step's inputs; a model of several KV groups gets one ``AttentionMetadata``
-        per layer (its group's block tables and slots, the rest shared)."""
+        per layer (its group's block tables and slots, the rest shared), and one with
+        linear-attention layers a ``StateMetadata`` for those (each request's state slot)."""
         bs = self.plan.block_size
         num_groups = len(self.plan.kv_groups)
         ids: list[int] = []
@@ -188,12 +198,36 @@ class ModelRunner:
             )
             for group in range(num_groups)
         ]
+        layer_metas: list[AttentionMetadata | StateMetadata] = [metas[g] for g in self.layer_groups]
+        if self.linear_layers:
+            state = self._state_metadata(out, query_start_loc, [0, *ends.tolist()])
+            for layer in self.linear_layers:
+                layer_metas[layer] = state
         return StepInputs(
             input_ids=to_device(ids, dev, torch.long),
             positions=to_device(np.concatenate(positions), dev),
-            meta=metas[0] if num_groups == 1 else [metas[g] for g in self.layer_groups],
+            meta=metas[0] if num_groups == 1 and not self.linear_layers else layer_metas,
             logits_indices=to_device(rows, dev),
             every_row=np.array_equal(rows, np.arange(len(ids))),
+        )
+
+    def _state_metadata(
+        self, out: SchedulerOutput, query_start_loc: torch.Tensor, starts: list[int]
+    ) -> StateMetadata:
+        """Each scheduled request's state slot, and whether it holds a state already."""
+        dev = self.plan.device
+        slots = [r.state_slot for r, _ in out.scheduled]
+        if None in slots:
+            raise RuntimeError(
+                "a request of a linear-attention model was scheduled without a state slot"
+            )
+        return StateMetadata(
+            query_start_loc=query_start_loc,
+            state_slots=to_device(slots, dev, torch.int32),
+            has_initial_state=to_device(
+                [r.num_computed_tokens > 0 for r, _ in out.scheduled], dev, torch.bool
+            ),
+            query_start_loc_host=starts,
         )
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:

@@ -25,7 +25,7 @@ from kvserve.engine.layers.linear import default_weight_loader, set_weight_loade
 from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
-from kvserve.engine.models.decoder import MLP, DecoderLM
+from kvserve.engine.models.decoder import MLP, DecoderLM, StepMetadata
 from kvserve.engine.models.model_config import ModelConfig, RopeConfig
 from kvserve.engine.quantization.linear_methods import linear_method
 
@@ -144,7 +144,7 @@ class Gemma3ForCausalLM(DecoderLM):
         input_ids,
         positions,
         kv_caches: list[KVCache],
-        meta: AttentionMetadata | list[AttentionMetadata],
+        meta: StepMetadata,
         out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         embedded = self.embed_tokens(input_ids)

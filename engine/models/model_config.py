@@ -4,7 +4,9 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
+from kvserve.engine.layers.linear_attention.config import GatedDeltaNetConfig
 from kvserve.engine.models import registry
 from kvserve.engine.models.gemma_config import (
     GEMMA_FAMILIES,
@@ -26,7 +28,9 @@ class RopeConfig:
     ``low_freq_factor``/``high_freq_factor`` are llama3's; ``beta_fast``/``beta_slow``,
     ``truncate``, ``mscale``/``mscale_all_dim`` yarn's; ``short_factor``/``long_factor``
     longrope's (one per rotated pair). ``attention_factor``: the cos/sin scale a config
-    states; None lets yarn and longrope derive theirs from ``factor``."""
+    states; None lets yarn and longrope derive theirs from ``factor``.
+    ``partial_rotary_factor``: the share of each head's leading dimensions that turns (Qwen3-Next
+    and Qwen3.5: 0.25); the rest passes unrotated."""
 
     theta: float = 10000.0
     rope_type: str = "default"
@@ -42,6 +46,7 @@ class RopeConfig:
     attention_factor: float | None = None
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
+    partial_rotary_factor: float = 1.0
 
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -77,6 +82,11 @@ class ModelConfig:
     ``sliding_window`` is None, so they do not cap the context. Empty: no per-layer window."""
     gemma: GemmaConfig | None = None
     """A Gemma family's own settings; None for the others."""
+    linear_layers: tuple[int, ...] = ()
+    """The Gated DeltaNet layers (``layer_types``' ``linear_attention``) of a
+    ``HYBRID_FAMILIES`` model; the others are full attention."""
+    gated_delta_net: GatedDeltaNetConfig | None = None
+    """Those layers' shape; None without them."""
 
     @classmethod
     def from_dir(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -142,7 +152,34 @@ class ModelConfig:
             moe=MoEConfig.from_dict(raw, family),
             layer_windows=windows,
             gemma=gemma,
+            linear_layers=_linear_layers(raw) if family in HYBRID_FAMILIES else (),
+            gated_delta_net=(
+                GatedDeltaNetConfig.from_hf(SimpleNamespace(**raw), HYBRID_FAMILIES[family])
+                if family in HYBRID_FAMILIES
+                else None
+            ),
         )
+
+
+HYBRID_FAMILIES = {"qwen3_next": "qwen3_next", "qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5"}
+"""Families of Gated DeltaNet and full-attention layers → their DeltaNets' checkpoint layout."""
+
+
+def _linear_layers(raw: dict) -> tuple[int, ...]:
+    """``layer_types``, or transformers' default: every ``full_attention_interval``-th layer
+    full attention, the rest linear."""
+    count, interval = raw["num_hidden_layers"], raw.get("full_attention_interval", 4)
+    default = [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(count)
+    ]
+    types = raw.get("layer_types") or default
+    kinds = ("full_attention", "linear_attention")
+    if not isinstance(types, list) or len(types) != count or not set(types) <= set(kinds):
+        raise ValueError(
+            f"layer_types must list one of {kinds} for each of the {count} layers "
+            f"(num_hidden_layers), got {types!r}"
+        )
+    return tuple(i for i, kind in enumerate(types) if kind == "linear_attention")
 
 
 PER_LAYER_WINDOWS = ("gpt_oss", *GEMMA_FAMILIES)
@@ -198,6 +235,16 @@ def _generation_eos(path: Path) -> tuple[int, ...]:
 
 
 def _rope(raw: dict) -> RopeConfig:
+    """``_rope_type``'s frequencies, turning ``partial_rotary_factor`` of each head (config.json
+    gives it in ``rope_parameters`` or at the top level)."""
+    params = {**(raw.get("rope_scaling") or {}), **(raw.get("rope_parameters") or {})}
+    factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if not 0 < factor <= 1:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {factor!r}")
+    return dataclasses.replace(_rope_type(raw), partial_rotary_factor=factor)
+
+
+def _rope_type(raw: dict) -> RopeConfig:
     """Reads both spellings: transformers 5's ``rope_parameters`` and the older
     top-level ``rope_theta`` with an optional ``rope_scaling``; a missing
     ``original_max_position_embeddings`` is the top-level one (Phi-3's spelling), then

@@ -19,6 +19,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "GptOssForCausalLM": ("gpt_oss", "gpt_oss.GptOssForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "gemma3.Gemma3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("gemma3", "gemma3.Gemma3ForConditionalGeneration"),
+    "Qwen3NextForCausalLM": ("qwen3_next", "qwen3_next.Qwen3NextForCausalLM"),
 }
 
 

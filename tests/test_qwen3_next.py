@@ -1,0 +1,83 @@
+"""Qwen3-Next gives transformers' greedy tokens in float32, under the default settings and
+under chunked prefill (13-token chunks, which split the delta rule's 64-token chunks) with
+preemption, prompts of 1 to 200 tokens, the audit of blocks and state slots after every
+step; its plan gives the linear-attention layers state slots, not blocks."""
+
+import random
+
+import pytest
+from test_engine_matches_transformers import MAX_TOKENS, make_prompts, run
+
+from kvserve import SamplingParams
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.models.model_config import ModelConfig
+
+from hybrid_checkpoints import build_qwen3_next
+from reference import assert_greedy_match, hf_greedy
+
+SCENARIOS = {
+    "default-settings": dict(),
+    "chunked-prefill-preemption": dict(
+        block_size=4, num_kv_blocks=24, max_num_batched_tokens=13, enable_prefix_caching=True
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def qwen3_next(tmp_path_factory):
+    return build_qwen3_next(tmp_path_factory.mktemp("qwen3-next"))
+
+
+def greedy_matches(path, settings: dict, prompts: list[list[int]]) -> LLMEngine:
+    engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", **settings))
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outputs = run(engine, prompts, params)  # audits blocks and slots after every step
+    for prompt, got in zip(prompts, outputs, strict=True):
+        assert_greedy_match(str(path), prompt, hf_greedy(str(path), prompt, MAX_TOKENS), got)
+    return engine
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_greedy_matches_transformers(qwen3_next, scenario):
+    prompts = make_prompts(seed=52, shared_prefixes=scenario != "default-settings")
+    engine = greedy_matches(qwen3_next, SCENARIOS[scenario], prompts)
+    assert [(g.kind, g.layers) for g in engine.kv.groups] == [("full_attention", (1,))]
+    assert not engine.kv.enable_prefix_caching  # the state after a prefix is not kept
+    if scenario != "default-settings":
+        assert engine.stats.num_preemptions > 0
+
+
+def test_prompts_of_1_to_200_tokens_match_transformers_in_chunks_that_split_delta_chunks(
+    qwen3_next,
+):
+    settings = SCENARIOS["chunked-prefill-preemption"] | {"num_kv_blocks": 120}
+    rng = random.Random(53)
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 2, 9, 64, 77, 200)]
+    greedy_matches(qwen3_next, settings, prompts)
+    greedy_matches(qwen3_next, {}, prompts)
+
+
+def test_the_plan_gives_each_sequence_a_state_slot(qwen3_next):
+    cfg = ModelConfig.from_dir(qwen3_next)
+    assert (cfg.linear_layers, cfg.rope.partial_rotary_factor) == ((0, 2), 0.25)
+    engine = LLMEngine(EngineConfig(model=str(qwen3_next), dtype="float32", max_num_seqs=3))
+    # per layer: conv state (2*16 + 32 channels x 3 taps) x 4 bytes + ssm state 4x8x8 x 4
+    slot_bytes = 2 * (64 * 3 * 4 + 4 * 8 * 8 * 4)
+    assert (engine.plan.num_state_slots, engine.plan.state_slot_bytes) == (3, slot_bytes)
+    assert f"3 state slots x {slot_bytes} bytes" in str(engine.plan)
+    assert not (engine.plan.cuda_graphs or engine.plan.cpu_graphs)
+    assert engine.kv.slots is not None and engine.kv.slots.num_slots == 3
+    states = [engine.runner.kv_caches[i] for i in (0, 2)]
+    assert [tuple(t.shape) for t in states[0]] == [(3, 64, 3), (3, 4, 8, 8)]
+
+
+def test_the_state_slots_come_off_a_kv_budget(qwen3_next):
+    budget = 0.001  # GiB
+    engine = LLMEngine(
+        EngineConfig(model=str(qwen3_next), dtype="float32", kv_cache_memory_gb=budget)
+    )
+    plan = engine.plan
+    slots = plan.num_state_slots * plan.state_slot_bytes
+    assert slots > 0
+    assert plan.num_kv_blocks == (int(budget * 2**30) - slots) // plan.kv_block_bytes
