@@ -18,6 +18,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2MoeConfig,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3MoeConfig,
     Qwen3NextConfig,
@@ -65,6 +67,8 @@ CONFIGS = {
     "gpt_oss": GptOssConfig,
     "gemma3_text": Gemma3TextConfig,
     "qwen3_next": Qwen3NextConfig,
+    "qwen3_5_text": Qwen3_5TextConfig,
+    "qwen3_5_moe_text": Qwen3_5MoeTextConfig,
 }
 BASE = dict(
     vocab_size=VOCAB_SIZE,

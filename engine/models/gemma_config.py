@@ -3,7 +3,11 @@
 from dataclasses import dataclass
 
 GEMMA_FAMILIES = ("gemma3",)
-MULTIMODAL = ("Gemma3ForConditionalGeneration",)
+MULTIMODAL = (
+    "Gemma3ForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+)
 """Architectures whose config.json nests the language model's under ``text_config``."""
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh",)
 

@@ -7,7 +7,8 @@ What sets its attention apart: q_proj gives each head its query and a gate, and 
 output is multiplied by ``sigmoid(gate)`` before o_proj; q and k are RMSNormed per head; RoPE
 turns only ``partial_rotary_factor`` of each head. Its RMSNorms scale by ``1 + weight``
 (folded into the weight as it loads, as Gemma's), but for the Gated DeltaNet's gated norm.
-Qwen3.5 (``qwen3_5.py``) is this model with the other DeltaNet checkpoint layout.
+Qwen3.5 (``qwen3_5.py``, ``qwen3_5_moe.py``) is this model with the other DeltaNet
+checkpoint layout. A checkpoint's multi-token-prediction layer (``mtp.*``) is not loaded.
 """
 
 from collections.abc import Mapping
@@ -139,6 +140,10 @@ class Qwen3NextForCausalLM(MoEDecoderLM):
         if self.config.moe is None:
             return MLP(self.config, self.tp, f"{prefix}.mlp")
         return super().build_mlp(layer, prefix)
+
+    def checkpoint_name(self, name: str) -> str | None:
+        """Not the multi-token-prediction layer (``mtp.*``): only the next token is sampled."""
+        return None if name.startswith("mtp.") else name
 
     def checkpoint_tensors(self) -> Mapping[str, tuple[str, Any]]:
         tensors = dict(super().checkpoint_tensors()) if self.config.moe is not None else {}

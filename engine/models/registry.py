@@ -20,6 +20,13 @@ MODELS: dict[str, tuple[str, str]] = {
     "Gemma3ForCausalLM": ("gemma3", "gemma3.Gemma3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("gemma3", "gemma3.Gemma3ForConditionalGeneration"),
     "Qwen3NextForCausalLM": ("qwen3_next", "qwen3_next.Qwen3NextForCausalLM"),
+    "Qwen3_5ForCausalLM": ("qwen3_5", "qwen3_5.Qwen3_5ForCausalLM"),
+    "Qwen3_5ForConditionalGeneration": ("qwen3_5", "qwen3_5.Qwen3_5ForConditionalGeneration"),
+    "Qwen3_5MoeForCausalLM": ("qwen3_5_moe", "qwen3_5_moe.Qwen3_5MoeForCausalLM"),
+    "Qwen3_5MoeForConditionalGeneration": (
+        "qwen3_5_moe",
+        "qwen3_5_moe.Qwen3_5MoeForConditionalGeneration",
+    ),
 }
 
 
