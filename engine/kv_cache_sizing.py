@@ -17,6 +17,7 @@ import torch
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
+from kvserve.engine.layers.linear_attention.metadata import StateMetadata
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
 
@@ -116,7 +117,8 @@ def profile_step(
 ) -> torch.Tensor:
     """Run ``query_lens`` fresh prompts through ``model`` on a one-block KV cache of
     ``kv_dtype`` (every token's slot wraps around in it; the outputs are meaningless, their
-    memory is real) and return the logits of each sequence's last token."""
+    memory is real) and return the logits of each sequence's last token. Linear-attention
+    layers share one state slot per sequence (the slots' memory is counted apart)."""
     cfg = model.config
     num_tokens = sum(query_lens)
     shape = (1, block_size, cfg.num_kv_heads, cfg.head_dim)
@@ -145,7 +147,19 @@ def profile_step(
         max_seq_len=max_len,
     )
     input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
-    hidden = model(input_ids, positions.to(device), kv_caches, meta)
+    metas: list[AttentionMetadata | StateMetadata] = [meta] * cfg.num_layers
+    if cfg.gated_delta_net is not None:
+        spec = cfg.gated_delta_net.state_spec(model.tp.size, model.embed_tokens.weight.dtype)
+        states = spec.allocate(len(query_lens), device)
+        state_meta = StateMetadata(
+            query_start_loc=meta.query_start_loc,
+            state_slots=torch.arange(len(query_lens), dtype=torch.int32, device=device),
+            has_initial_state=torch.zeros(len(query_lens), dtype=torch.bool, device=device),
+            query_start_loc_host=[0, *ends.tolist()],
+        )
+        for layer in cfg.linear_layers:
+            kv_caches[layer], metas[layer] = states, state_meta
+    hidden = model(input_ids, positions.to(device), kv_caches, metas)
     return model.logits(hidden[(ends - 1).to(device)])
 
 

@@ -1,15 +1,23 @@
 """Qwen3-Next gives transformers' greedy tokens in float32, under the default settings and
 under chunked prefill (13-token chunks, which split the delta rule's 64-token chunks) with
 preemption, prompts of 1 to 200 tokens, the audit of blocks and state slots after every
-step; its plan gives the linear-attention layers state slots, not blocks."""
+step; its plan gives the linear-attention layers state slots, not blocks, whose memory comes
+off the KV budget; the runner hands those layers each request's slot, and the memory
+profiling step runs them."""
 
 import random
 
 import pytest
+import torch
 from test_engine_matches_transformers import MAX_TOKENS, make_prompts, run
 
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.core.request import Request
+from kvserve.engine.core.scheduler import SchedulerOutput
+from kvserve.engine.kv_cache_sizing import profile_query_lens, profile_step
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
+from kvserve.engine.layers.linear_attention.metadata import StateMetadata
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models.model_config import ModelConfig
 
@@ -81,3 +89,27 @@ def test_the_state_slots_come_off_a_kv_budget(qwen3_next):
     slots = plan.num_state_slots * plan.state_slot_bytes
     assert slots > 0
     assert plan.num_kv_blocks == (int(budget * 2**30) - slots) // plan.kv_block_bytes
+
+
+def test_the_memory_profiling_step_runs_the_linear_attention_layers(qwen3_next):
+    engine = LLMEngine(EngineConfig(model=str(qwen3_next), dtype="float32"))
+    lens = profile_query_lens(64, 3, 512)
+    logits = profile_step(engine.runner.model, lens, 16, torch.float32, torch.device("cpu"))
+    assert logits.shape == (3, 512) and logits.isfinite().all()
+
+
+def test_the_runner_gives_the_linear_layers_each_request_s_slot(qwen3_next):
+    engine = LLMEngine(EngineConfig(model=str(qwen3_next), dtype="float32", max_num_seqs=3))
+    out = SchedulerOutput()
+    for slot, computed, scheduled in ((2, 0, 5), (0, 4, 1)):  # a new prompt; a decode
+        request = Request(str(slot), [3, 4, 5, 6, 7], SamplingParams(max_tokens=1))
+        request.block_tables, request.num_skipped_blocks = [[slot]], [0]
+        request.state_slot, request.num_computed_tokens = slot, computed
+        out.add(request, scheduled)
+    metas = engine.runner.prepare(out).meta
+    assert isinstance(metas, list) and isinstance(metas[1], AttentionMetadata)
+    state = metas[0]
+    assert isinstance(state, StateMetadata) and metas[2] is state
+    assert state.state_slots.tolist() == [2, 0]
+    assert state.has_initial_state.tolist() == [False, True]
+    assert state.query_start_loc_host == [0, 5, 6] == state.query_start_loc.tolist()
