@@ -3,7 +3,8 @@ under chunked prefill (13-token chunks, which split the delta rule's 64-token ch
 preemption, prompts of 1 to 200 tokens, the audit of blocks and state slots after every
 step; its plan gives the linear-attention layers state slots, not blocks, whose memory comes
 off the KV budget; the runner hands those layers each request's slot, and the memory
-profiling step runs them."""
+profiling step runs them. Two ranks (gloo) compute the logits of one, for Qwen3-Next and
+Qwen3.5-MoE."""
 
 import random
 
@@ -18,11 +19,13 @@ from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.kv_cache_sizing import profile_query_lens, profile_step
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.linear_attention.metadata import StateMetadata
+from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models.model_config import ModelConfig
 
-from hybrid_checkpoints import build_qwen3_next
+from hybrid_checkpoints import build_qwen3_5, build_qwen3_next
 from reference import assert_greedy_match, hf_greedy
+from sharded_steps import DECODE_STEPS, on_two_ranks, run_steps
 
 SCENARIOS = {
     "default-settings": dict(),
@@ -113,3 +116,16 @@ def test_the_runner_gives_the_linear_layers_each_request_s_slot(qwen3_next):
     assert state.state_slots.tolist() == [2, 0]
     assert state.has_initial_state.tolist() == [False, True]
     assert state.query_start_loc_host == [0, 5, 6] == state.query_start_loc.tolist()
+
+
+def test_two_ranks_compute_the_logits_of_one(qwen3_next, tmp_path_factory):
+    qwen3_5_moe = build_qwen3_5(tmp_path_factory.mktemp("qwen3_5_moe-tp"), "qwen3_5_moe_text")
+    paths = [qwen3_next, qwen3_5_moe]
+    ranks = on_two_ranks(run_steps, paths, tmp_path_factory.mktemp("tp"))
+    for path in paths:
+        expected = run_steps(path, TensorParallel())
+        got = ranks[0][path.name]
+        assert len(got) == len(expected) == DECODE_STEPS + 1
+        for step, (ours, theirs) in enumerate(zip(got, expected, strict=True)):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5, msg=f"step {step}")
+            assert torch.equal(ours, ranks[1][path.name][step])
