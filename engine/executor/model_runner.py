@@ -46,7 +46,9 @@ class StepInputs:
 
 class ModelRunner:
     """Loads the model (rank ``tp.rank``'s shard of it), owns that rank's part of the paged
-    KV cache (``tp.kv_heads`` of every block) and runs each step's batch, as ``plan`` says;
+    KV cache (``tp.kv_heads`` of every block) and of the linear-attention layers' state slots
+    (``kv_caches[layer]`` of such a layer is its ``(conv_state, ssm_state)``), and runs each
+    step's batch, as ``plan`` says;
     ``self.plan`` is that plan with its KV blocks measured where they had to be (on several
     ranks, the fewest any rank measured, so that a block id means the same on each).
 
@@ -198,15 +200,17 @@ class ModelRunner:
             )
             for group in range(num_groups)
         ]
-        layer_metas: list[AttentionMetadata | StateMetadata] = [metas[g] for g in self.layer_groups]
-        if self.linear_layers:
-            state = self._state_metadata(out, query_start_loc, [0, *ends.tolist()])
-            for layer in self.linear_layers:
-                layer_metas[layer] = state
+        meta: StepMetadata = metas[0]
+        if num_groups > 1 or self.linear_layers:
+            meta = [metas[g] for g in self.layer_groups]
+            if self.linear_layers:
+                state = self._state_metadata(out, query_start_loc, [0, *ends.tolist()])
+                for layer in self.linear_layers:
+                    meta[layer] = state
         return StepInputs(
             input_ids=to_device(ids, dev, torch.long),
             positions=to_device(np.concatenate(positions), dev),
-            meta=metas[0] if num_groups == 1 and not self.linear_layers else layer_metas,
+            meta=meta,
             logits_indices=to_device(rows, dev),
             every_row=np.array_equal(rows, np.arange(len(ids))),
         )
