@@ -3,7 +3,7 @@ under chunked prefill (13-token chunks, which split the delta rule's 64-token ch
 preemption, prompts of 1 to 200 tokens, the audit of blocks and state slots after every
 step; its plan gives the linear-attention layers state slots, not blocks, whose memory comes
 off the KV budget; the runner hands those layers each request's slot, and the memory
-profiling step runs them. Two ranks (gloo) compute the logits of one, for Qwen3-Next and
+profiling step runs them; the Triton kernels (interpreted) give the same tokens. Two ranks (gloo) compute the logits of one, for Qwen3-Next and
 Qwen3.5-MoE."""
 
 import random
@@ -40,12 +40,14 @@ def qwen3_next(tmp_path_factory):
     return build_qwen3_next(tmp_path_factory.mktemp("qwen3-next"))
 
 
-def greedy_matches(path, settings: dict, prompts: list[list[int]]) -> LLMEngine:
+def greedy_matches(
+    path, settings: dict, prompts: list[list[int]], max_tokens: int = MAX_TOKENS
+) -> LLMEngine:
     engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", **settings))
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     outputs = run(engine, prompts, params)  # audits blocks and slots after every step
     for prompt, got in zip(prompts, outputs, strict=True):
-        assert_greedy_match(str(path), prompt, hf_greedy(str(path), prompt, MAX_TOKENS), got)
+        assert_greedy_match(str(path), prompt, hf_greedy(str(path), prompt, max_tokens), got)
     return engine
 
 
@@ -129,3 +131,13 @@ def test_two_ranks_compute_the_logits_of_one(qwen3_next, tmp_path_factory):
         for step, (ours, theirs) in enumerate(zip(got, expected, strict=True)):
             torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5, msg=f"step {step}")
             assert torch.equal(ours, ranks[1][path.name][step])
+
+
+def test_the_triton_kernels_give_transformers_tokens(qwen3_next):
+    """Triton attention and the Triton delta-rule and convolution kernels (interpreted on a
+    CPU): a prompt that crosses a 64-token chunk in chunks of 32, next to short ones and
+    their decodes."""
+    settings = dict(attention_backend="triton", block_size=4, max_num_batched_tokens=32)
+    rng = random.Random(56)
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (70, 5, 1)]
+    greedy_matches(qwen3_next, settings, prompts, max_tokens=6)
