@@ -1,10 +1,10 @@
 """Qwen3-Next gives transformers' greedy tokens in float32, under the default settings and
 under chunked prefill (13-token chunks, which split the delta rule's 64-token chunks) with
 preemption, prompts of 1 to 200 tokens, the audit of blocks and state slots after every
-step; its plan gives the linear-attention layers state slots, not blocks, whose memory comes
-off the KV budget; the runner hands those layers each request's slot, and the memory
-profiling step runs them; the Triton kernels (interpreted) give the same tokens. Two ranks (gloo) compute the logits of one, for Qwen3-Next and
-Qwen3.5-MoE."""
+step, and on the Triton kernels (interpreted). Its plan gives the linear-attention layers
+state slots, not blocks, whose memory comes off the KV budget; the runner hands those layers
+each request's slot; the memory profiling step runs them. Two ranks (gloo) compute the
+logits of one, for Qwen3-Next and Qwen3.5-MoE."""
 
 import random
 
