@@ -5,6 +5,7 @@ transformers' zero init (so the ``1 + weight`` scaling counts), and states small
 that the test prompts (up to 200 tokens) cross the delta rule's 64-token chunks. Qwen3.5's
 also as image-text checkpoints (``...ForConditionalGeneration``), as they are published."""
 
+import json
 from pathlib import Path
 
 import torch
@@ -59,9 +60,14 @@ def build_qwen3_next(path: Path, seed: int = 0, **overrides) -> Path:
 
 def build_qwen3_5(path: Path, family: str, seed: int = 0) -> Path:
     """A text-only ``Qwen3_5ForCausalLM`` (``qwen3_5_text``) or ``Qwen3_5MoeForCausalLM``
-    (``qwen3_5_moe_text``: experts in every layer) checkpoint."""
+    (``qwen3_5_moe_text``: experts in every layer; its config.json names no dense
+    ``intermediate_size``, as the published ones do not) checkpoint."""
     build_checkpoint(family, path, seed, **HYBRID, **(MOE if "moe" in family else {}))
     draw_norms(path, seed)
+    if "moe" in family:
+        config = json.loads((path / "config.json").read_text())
+        del config["intermediate_size"]
+        (path / "config.json").write_text(json.dumps(config, indent=2))
     return path
 
 

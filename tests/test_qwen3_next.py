@@ -6,6 +6,7 @@ state slots, not blocks, whose memory comes off the KV budget; the runner hands 
 each request's slot; the memory profiling step runs them. Two ranks (gloo) compute the
 logits of one, for Qwen3-Next and Qwen3.5-MoE."""
 
+import json
 import random
 
 import pytest
@@ -141,3 +142,20 @@ def test_the_triton_kernels_give_transformers_tokens(qwen3_next):
     rng = random.Random(56)
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (70, 5, 1)]
     greedy_matches(qwen3_next, settings, prompts, max_tokens=6)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"layer_types": ["linear_attention", "mamba"]}, "layer_types must list one of"),
+        ({"linear_conv_kernel_dim": None}, "lacks linear_conv_kernel_dim"),
+        ({"rope_parameters": {"partial_rotary_factor": 1.5}}, "partial_rotary_factor must be"),
+    ],
+)
+def test_a_bad_config_is_named(qwen3_next, fields, message):
+    raw = json.loads((qwen3_next / "config.json").read_text())
+    raw.update({k: v for k, v in fields.items() if v is not None})
+    for name in [k for k, v in fields.items() if v is None]:
+        del raw[name]
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_dict(raw)

@@ -136,7 +136,11 @@ class ModelConfig:
             family=family,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
+            intermediate_size=(
+                raw.get("intermediate_size", 0)
+                if family in EXPERTS_ONLY
+                else raw["intermediate_size"]
+            ),
             num_layers=raw["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=raw.get("num_key_value_heads") or num_heads,
@@ -153,16 +157,32 @@ class ModelConfig:
             layer_windows=windows,
             gemma=gemma,
             linear_layers=_linear_layers(raw) if family in HYBRID_FAMILIES else (),
-            gated_delta_net=(
-                GatedDeltaNetConfig.from_hf(SimpleNamespace(**raw), HYBRID_FAMILIES[family])
-                if family in HYBRID_FAMILIES
-                else None
-            ),
+            gated_delta_net=_gated_delta_net(raw, family),
         )
 
 
+EXPERTS_ONLY = ("qwen3_5_moe",)
+"""Families whose every layer has the MoE block: config.json may name no dense
+``intermediate_size`` (0 then; no layer reads it)."""
 HYBRID_FAMILIES = {"qwen3_next": "qwen3_next", "qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5"}
 """Families of Gated DeltaNet and full-attention layers → their DeltaNets' checkpoint layout."""
+
+
+LINEAR_FIELDS = (
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim",
+)  # fmt: skip
+
+
+def _gated_delta_net(raw: dict, family: str) -> GatedDeltaNetConfig | None:
+    """A ``HYBRID_FAMILIES`` model's Gated DeltaNet shape; a ValueError naming the
+    ``linear_*`` fields config.json lacks."""
+    if family not in HYBRID_FAMILIES:
+        return None
+    missing = [name for name in LINEAR_FIELDS if name not in raw]
+    if missing:
+        raise ValueError(f"config.json of a {family} model lacks {', '.join(missing)}")
+    return GatedDeltaNetConfig.from_hf(SimpleNamespace(**raw), HYBRID_FAMILIES[family])
 
 
 def _linear_layers(raw: dict) -> tuple[int, ...]:
