@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     Gemma3TextConfig,
+    Gemma4TextConfig,
     GptOssConfig,
     LlamaConfig,
     MistralConfig,
@@ -63,6 +64,7 @@ CONFIGS = {
     "mixtral": MixtralConfig,
     "gpt_oss": GptOssConfig,
     "gemma3_text": Gemma3TextConfig,
+    "gemma4_text": Gemma4TextConfig,
 }
 BASE = dict(
     vocab_size=VOCAB_SIZE,

@@ -1,5 +1,5 @@
-"""Rotary position embeddings as a cos/sin table: default, linear, llama3, yarn and
-longrope frequencies, computed as transformers' rope init functions compute them."""
+"""Rotary position embeddings as a cos/sin table: default, linear, llama3, yarn, longrope
+and proportional frequencies, computed as transformers' rope init functions compute them."""
 
 import math
 from typing import TYPE_CHECKING
@@ -19,6 +19,9 @@ def inverse_frequencies(rope: "RopeConfig", head_dim: int, long: bool = False) -
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.rope_type == "linear":
         return inv_freq / rope.factor
+    if rope.rope_type == "proportional":
+        rotated = int(rope.partial_rotary_factor * head_dim // 2)
+        return torch.cat([inv_freq[:rotated], torch.zeros(head_dim // 2 - rotated)]) / rope.factor
     if rope.rope_type == "llama3":
         return _llama3(rope, inv_freq)
     if rope.rope_type == "yarn":

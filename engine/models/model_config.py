@@ -10,6 +10,7 @@ from kvserve.engine.models.gemma_config import (
     GEMMA_FAMILIES,
     MULTIMODAL,
     GemmaConfig,
+    gemma4_defaults,
     global_rope_config,
     language_model_config,
 )
@@ -25,8 +26,10 @@ class RopeConfig:
     ``rope_type`` is one of ``ROPE_TYPES``. ``factor`` scales every type but default;
     ``low_freq_factor``/``high_freq_factor`` are llama3's; ``beta_fast``/``beta_slow``,
     ``truncate``, ``mscale``/``mscale_all_dim`` yarn's; ``short_factor``/``long_factor``
-    longrope's (one per rotated pair). ``attention_factor``: the cos/sin scale a config
-    states; None lets yarn and longrope derive theirs from ``factor``."""
+    longrope's (one per rotated pair); ``partial_rotary_factor`` proportional's (Gemma 4: the
+    share of the head's pairs that rotate, the rest keep frequency 0). ``attention_factor``:
+    the cos/sin scale a config states; None lets yarn and longrope derive theirs from
+    ``factor``."""
 
     theta: float = 10000.0
     rope_type: str = "default"
@@ -42,9 +45,10 @@ class RopeConfig:
     attention_factor: float | None = None
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
+    partial_rotary_factor: float = 1.0
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class ModelConfig:
         if architecture in MULTIMODAL:
             raw = language_model_config(raw)
         family = registry.family(architecture)
+        if family == "gemma4":
+            raw = gemma4_defaults(raw)
         gemma = GemmaConfig.from_dict(raw, family)
         if gemma is None and raw.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; only silu")
@@ -212,6 +218,18 @@ def _rope(raw: dict) -> RopeConfig:
         return RopeConfig(theta=theta)
     if rope_type == "linear":
         return RopeConfig(theta=theta, rope_type="linear", factor=_rope_param(params, "factor"))
+    if rope_type == "proportional":
+        share = params.get("partial_rotary_factor", 1.0)
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(
+                f"rope_parameters.partial_rotary_factor must be in [0, 1], got {share}"
+            )
+        return RopeConfig(
+            theta=theta,
+            rope_type="proportional",
+            factor=params.get("factor", 1.0),
+            partial_rotary_factor=share,
+        )
     max_positions = raw.get("max_position_embeddings", 2048)
     original = raw.get(
         "original_max_position_embeddings",
