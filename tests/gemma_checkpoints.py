@@ -52,6 +52,9 @@ GEMMA4 = dict(
     },
 )
 
+PER_LAYER_INPUTS = dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=512)
+"""Gemma 4's per-layer input embeddings, 8 wide, a table row for every token."""
+
 
 def build_gemma3(path: Path, seed: int = 0, **overrides) -> Path:
     build_checkpoint("gemma3_text", path, seed, **{**GEMMA3, **overrides})

@@ -1,7 +1,8 @@
 """Gemma 4 (text) gives transformers' greedy tokens in float32, with prompts that cross its
 8-token sliding window, under the default settings and under chunked prefill (chunks that
 split a window) with preemption and prefix caching, the audit of every KV group after every
-step; a config turning on a feature not served is refused, naming its field."""
+step, with per-layer input embeddings too; a config turning on a feature not served is
+refused, naming its field."""
 
 import json
 import random
@@ -14,7 +15,7 @@ from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models.model_config import ModelConfig, RopeConfig
 
-from gemma_checkpoints import WINDOW, build_gemma4, build_gemma4_any_to_text
+from gemma_checkpoints import PER_LAYER_INPUTS, WINDOW, build_gemma4, build_gemma4_any_to_text
 from reference import assert_greedy_match, hf_greedy
 
 CHUNKED = dict(block_size=4, max_num_batched_tokens=13, enable_prefix_caching=True)
@@ -52,6 +53,20 @@ def test_greedy_matches_transformers(gemma4, scenario):
         assert engine.stats.num_preemptions > 0 and engine.stats.prefix_cache_hits > 0
 
 
+@pytest.fixture(scope="module")
+def gemma4_ple(tmp_path_factory):
+    return build_gemma4(tmp_path_factory.mktemp("gemma4-ple"), seed=3, **PER_LAYER_INPUTS)
+
+
+def test_per_layer_input_embeddings_match_transformers(gemma4_ple):
+    cfg = ModelConfig.from_dir(gemma4_ple)
+    assert cfg.gemma is not None
+    assert (cfg.gemma.per_layer_input_size, cfg.gemma.per_layer_vocab_size) == (8, 512)
+    for scenario, settings in SCENARIOS.items():
+        prompts = make_prompts(seed=55, shared_prefixes=scenario != "default-settings")
+        greedy_matches(gemma4_ple, settings, prompts)
+
+
 def test_prompts_of_1_to_200_tokens_match_transformers_in_chunks_that_split_windows(gemma4):
     rng = random.Random(53)
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 2, 9, 77, 200)]
@@ -86,10 +101,6 @@ def test_the_config_reads_gemma4s_layers_and_ropes(gemma4):
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        (
-            dict(hidden_size_per_layer_input=256),
-            r"^Gemma 4 per-layer input embeddings \(hidden_size_per_layer_input=256\)",
-        ),
         (
             dict(num_kv_shared_layers=1),
             r"^Gemma 4 keys and values shared across layers \(num_kv_shared_layers=1\)",

@@ -1,17 +1,24 @@
 """Gemma 3 and Gemma 4 sharded over two ranks (two processes, gloo on 127.0.0.1) compute the
 logits of the unsharded model: their sliding-window and global layers, both RoPE bases, the
-per-head q/k (and Gemma 4's v) norms and the final soft-cap included."""
+per-head q/k (and Gemma 4's v) norms, Gemma 4's per-layer input embeddings and the final
+soft-cap included."""
+
+import functools
 
 import pytest
 import torch
 
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 
-from gemma_checkpoints import build_gemma3, build_gemma4
+from gemma_checkpoints import PER_LAYER_INPUTS, build_gemma3, build_gemma4
 from sharded_steps import PROMPTS, on_two_ranks, run_steps
 
 LONG = [(7 * i + 3) % 509 + 3 for i in range(21)]  # crosses the 8-token window twice
-BUILDERS = {"gemma3": build_gemma3, "gemma4": build_gemma4}
+BUILDERS = {
+    "gemma3": build_gemma3,
+    "gemma4": build_gemma4,
+    "gemma4-per-layer-inputs": functools.partial(build_gemma4, **PER_LAYER_INPUTS),
+}
 
 
 def logits(path, tp: TensorParallel) -> list[torch.Tensor]:

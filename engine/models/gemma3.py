@@ -159,10 +159,15 @@ class Gemma3ForCausalLM(DecoderLM):
         meta: AttentionMetadata | list[AttentionMetadata],
         out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        embedded = self.embed_tokens(input_ids)
-        embedded = embedded * torch.tensor(self.config.hidden_size**0.5, dtype=embedded.dtype)
-        hidden, residual = self.run_layers(embedded, positions, kv_caches, meta, out_rows)
+        hidden, residual = self.run_layers(
+            self.embed(input_ids), positions, kv_caches, meta, out_rows
+        )
         return residual + hidden
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings, scaled by ``sqrt(hidden_size)``."""
+        embedded = self.embed_tokens(input_ids)
+        return embedded * torch.tensor(self.config.hidden_size**0.5, dtype=embedded.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().logits(hidden)

@@ -16,6 +16,10 @@ class GemmaConfig:
     local_rope_theta: float
     """The RoPE base of the sliding-window layers (the global layers': ``ModelConfig.rope``)."""
     final_logit_softcapping: float | None
+    per_layer_input_size: int = 0
+    """Gemma 4's per-layer input embeddings: each layer's input width (0: none)."""
+    per_layer_vocab_size: int = 0
+    """The rows of their table (``vocab_size_per_layer_input``)."""
 
     @classmethod
     def from_dict(cls, raw: dict, family: str) -> "GemmaConfig | None":
@@ -26,7 +30,8 @@ class GemmaConfig:
             raise ValueError(
                 f"unsupported hidden_activation {activation!r}; supported: {GEMMA_ACTIVATIONS}"
             )
-        if family == "gemma4":
+        gemma4 = family == "gemma4"
+        if gemma4:
             refuse_gemma4_features(raw)
         return cls(
             query_pre_attn_scalar=1.0
@@ -34,6 +39,8 @@ class GemmaConfig:
             else raw.get("query_pre_attn_scalar", 256),
             local_rope_theta=local_rope_parameters(raw).get("rope_theta", 10000.0),
             final_logit_softcapping=raw.get("final_logit_softcapping"),
+            per_layer_input_size=raw.get("hidden_size_per_layer_input", 256) if gemma4 else 0,
+            per_layer_vocab_size=raw.get("vocab_size_per_layer_input", 262_144) if gemma4 else 0,
         )
 
 
@@ -72,7 +79,6 @@ def language_model_config(raw: dict) -> dict:
 
 GEMMA4_REFUSED = {
     # config field: (transformers' default, what it turns on)
-    "hidden_size_per_layer_input": (256, "per-layer input embeddings"),
     "num_kv_shared_layers": (0, "keys and values shared across layers"),
     "enable_moe_block": (False, "mixture-of-experts blocks"),
     "attention_k_eq_v": (False, "keys used as values"),
