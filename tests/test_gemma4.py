@@ -103,13 +103,21 @@ def test_the_config_reads_gemma4s_layers_and_ropes(gemma4):
     [
         (
             dict(num_kv_shared_layers=1),
-            r"^Gemma 4 keys and values shared across layers \(num_kv_shared_layers=1\)",
+            r"^num_kv_shared_layers=1 is not supported \(Gemma 4 keys and values shared across "
+            r"layers\)$",
         ),
-        (dict(enable_moe_block=True), r"mixture-of-experts blocks \(enable_moe_block=True\)"),
-        (dict(attention_k_eq_v=True), r"keys used as values \(attention_k_eq_v=True\)"),
+        (
+            dict(enable_moe_block=True),
+            r"^enable_moe_block=True is not supported \(Gemma 4 mixture-of-experts blocks\)$",
+        ),
+        (
+            dict(attention_k_eq_v=True),
+            r"^attention_k_eq_v=True is not supported \(Gemma 4 keys used as values\)$",
+        ),
         (
             dict(use_bidirectional_attention="all"),
-            r"bidirectional attention \(use_bidirectional_attention='all'\)",
+            r"^use_bidirectional_attention='all' is not supported \(Gemma 4 bidirectional "
+            r"attention\)$",
         ),
         (dict(global_head_dim=32), r"another head size or kv head count \(global_head_dim: "),
         (

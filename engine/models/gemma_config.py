@@ -34,9 +34,7 @@ class GemmaConfig:
         if gemma4:
             refuse_gemma4_features(raw)
         return cls(
-            query_pre_attn_scalar=1.0
-            if family == "gemma4"
-            else raw.get("query_pre_attn_scalar", 256),
+            query_pre_attn_scalar=1.0 if gemma4 else raw.get("query_pre_attn_scalar", 256),
             local_rope_theta=local_rope_parameters(raw).get("rope_theta", 10000.0),
             final_logit_softcapping=raw.get("final_logit_softcapping"),
             per_layer_input_size=raw.get("hidden_size_per_layer_input", 256) if gemma4 else 0,
@@ -93,7 +91,7 @@ def refuse_gemma4_features(raw: dict) -> None:
     than ``head_dim`` and ``num_key_value_heads`` (every layer of a KV page has one shape)."""
     for field, (default, feature) in GEMMA4_REFUSED.items():
         if value := raw.get(field, default):
-            raise ValueError(f"Gemma 4 {feature} ({field}={value!r}) are not supported")
+            raise ValueError(f"{field}={value!r} is not supported (Gemma 4 {feature})")
     head_dim, kv_heads = raw.get("head_dim", 256), raw.get("num_key_value_heads", 4)
     if "per_layer_config" in raw:
         overrides = {f"per_layer_config[{i}]": c for i, c in raw["per_layer_config"].items()}
