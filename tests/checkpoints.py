@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     Gemma3TextConfig,
+    Gemma4TextConfig,
     GptOssConfig,
     LlamaConfig,
     MistralConfig,
@@ -66,6 +67,7 @@ CONFIGS = {
     "mixtral": MixtralConfig,
     "gpt_oss": GptOssConfig,
     "gemma3_text": Gemma3TextConfig,
+    "gemma4_text": Gemma4TextConfig,
     "qwen3_next": Qwen3NextConfig,
     "qwen3_5_text": Qwen3_5TextConfig,
     "qwen3_5_moe_text": Qwen3_5MoeTextConfig,

@@ -54,7 +54,7 @@ def build_qwen3_next(path: Path, seed: int = 0, **overrides) -> Path:
     build_checkpoint(
         "qwen3_next", path, seed, **{**HYBRID, **MOE, "mlp_only_layers": [1], **overrides}
     )
-    draw_norms(path, seed)
+    draw_norms(path, seed, around=0.0)
     return path
 
 
@@ -63,7 +63,7 @@ def build_qwen3_5(path: Path, family: str, seed: int = 0) -> Path:
     (``qwen3_5_moe_text``: experts in every layer; its config.json names no dense
     ``intermediate_size``, as the published ones do not) checkpoint."""
     build_checkpoint(family, path, seed, **HYBRID, **(MOE if "moe" in family else {}))
-    draw_norms(path, seed)
+    draw_norms(path, seed, around=0.0)
     if "moe" in family:
         config = json.loads((path / "config.json").read_text())
         del config["intermediate_size"]

@@ -38,7 +38,10 @@ class KVGroup:
     Every group has at most ``group_size`` layers (``kv_groups``), so one block id is one
     page of ``group_size`` layers: the cache is ``group_size`` tensor pairs shared by all the
     groups, and one pool of block ids serves them all without two groups ever sharing a
-    page.
+    page. So every attention layer's KV tensors have one shape (kv heads, head size): a
+    model whose layers differ in it is refused as its config is read (Gemma 4's
+    ``global_head_dim``: ``gemma_config.refuse_gemma4_features``). Serving one would make
+    the pages equal in bytes instead (more layers of the smaller shape per group).
     """
 
     kind: str

@@ -11,7 +11,7 @@ so does this one.)
 """
 
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +51,14 @@ class GeGLU(MLP):
 
 
 class Gemma3DecoderLayer(nn.Module):
+    PLUS_ONE_NORMS: ClassVar[bool] = True
+    """Norm weights load as ``1 + weight`` (Gemma 4's load as they are)."""
+    V_NORM: ClassVar[bool] = False
+    """Each v head is RMSNormed without weight (Gemma 4)."""
+
+    def norm(self, norm: RMSNorm) -> RMSNorm:
+        return gemma_norm(norm) if self.PLUS_ONE_NORMS else norm
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -71,6 +79,7 @@ class Gemma3DecoderLayer(nn.Module):
             qkv_bias=cfg.attention_bias,
             o_bias=cfg.attention_bias,
             qk_norm_eps=eps,
+            v_norm_eps=eps if self.V_NORM else None,
             rotary=rotary,
             backend=backend,
             tp=tp,
@@ -80,13 +89,13 @@ class Gemma3DecoderLayer(nn.Module):
             scale=cfg.gemma.query_pre_attn_scalar**-0.5,
         )
         assert self.self_attn.q_norm is not None and self.self_attn.k_norm is not None
-        gemma_norm(self.self_attn.q_norm)
-        gemma_norm(self.self_attn.k_norm)
+        self.norm(self.self_attn.q_norm)
+        self.norm(self.self_attn.k_norm)
         size = cfg.hidden_size
-        self.input_layernorm = gemma_norm(RMSNorm(size, eps))
-        self.post_attention_layernorm = gemma_norm(RMSNorm(size, eps))
-        self.pre_feedforward_layernorm = gemma_norm(RMSNorm(size, eps))
-        self.post_feedforward_layernorm = gemma_norm(RMSNorm(size, eps))
+        self.input_layernorm = self.norm(RMSNorm(size, eps))
+        self.post_attention_layernorm = self.norm(RMSNorm(size, eps))
+        self.pre_feedforward_layernorm = self.norm(RMSNorm(size, eps))
+        self.post_feedforward_layernorm = self.norm(RMSNorm(size, eps))
         self.mlp = GeGLU(cfg, tp, f"{prefix}.mlp")
 
     def forward(
@@ -109,6 +118,8 @@ class Gemma3DecoderLayer(nn.Module):
 
 
 class Gemma3ForCausalLM(DecoderLM):
+    decoder_layer: ClassVar[type[Gemma3DecoderLayer]] = Gemma3DecoderLayer
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -121,12 +132,12 @@ class Gemma3ForCausalLM(DecoderLM):
         self.config = cfg
         self.tp = tp
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions)
-        local = RopeConfig(theta=cfg.gemma.local_rope_theta)
+        local = RopeConfig(theta=cfg.gemma.local_rope_theta)  # default RoPE, its own base
         self.local_rotary = RotaryEmbedding(local, cfg.head_dim, max_positions)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         windows = cfg.layer_windows or (None,) * cfg.num_layers
         self.layers = nn.ModuleList(
-            Gemma3DecoderLayer(
+            self.decoder_layer(
                 cfg,
                 self.rotary if window is None else self.local_rotary,
                 window,
@@ -136,7 +147,8 @@ class Gemma3ForCausalLM(DecoderLM):
             )
             for i, window in enumerate(windows)
         )
-        self.norm = gemma_norm(RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
+        norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = gemma_norm(norm) if self.decoder_layer.PLUS_ONE_NORMS else norm
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
 
     def forward(
@@ -147,10 +159,15 @@ class Gemma3ForCausalLM(DecoderLM):
         meta: StepMetadata,
         out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        embedded = self.embed_tokens(input_ids)
-        embedded = embedded * torch.tensor(self.config.hidden_size**0.5, dtype=embedded.dtype)
-        hidden, residual = self.run_layers(embedded, positions, kv_caches, meta, out_rows)
+        hidden, residual = self.run_layers(
+            self.embed(input_ids), positions, kv_caches, meta, out_rows
+        )
         return residual + hidden
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings, scaled by ``sqrt(hidden_size)``."""
+        embedded = self.embed_tokens(input_ids)
+        return embedded * torch.tensor(self.config.hidden_size**0.5, dtype=embedded.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().logits(hidden)
@@ -160,7 +177,19 @@ class Gemma3ForCausalLM(DecoderLM):
 
 
 _LANGUAGE_MODEL = re.compile(r"^(?:model\.language_model\.|language_model\.model\.)")
-_OTHER_MODALITIES = re.compile(r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.")
+_OTHER_MODALITIES = re.compile(
+    r"^(?:model\.)?(?:vision_tower|multi_modal_projector|embed_vision|audio_tower|embed_audio)\."
+)
+
+
+def language_model_name(name: str) -> str | None:
+    """The text model's name of an image-text (Gemma 3) or any-to-text (Gemma 4) checkpoint's
+    tensor ``name``; None for the vision and audio towers and their projectors."""
+    if _OTHER_MODALITIES.match(name):
+        return None
+    if name == "language_model.lm_head.weight":
+        return "lm_head.weight"
+    return _LANGUAGE_MODEL.sub("model.", name)
 
 
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
@@ -168,8 +197,4 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     vision tower and the projector in the checkpoint are skipped."""
 
     def checkpoint_name(self, name: str) -> str | None:
-        if _OTHER_MODALITIES.match(name):
-            return None
-        if name == "language_model.lm_head.weight":
-            return "lm_head.weight"
-        return _LANGUAGE_MODEL.sub("model.", name)
+        return language_model_name(name)

@@ -12,6 +12,7 @@ from kvserve.engine.models.gemma_config import (
     GEMMA_FAMILIES,
     MULTIMODAL,
     GemmaConfig,
+    gemma4_defaults,
     global_rope_config,
     language_model_config,
 )
@@ -29,8 +30,10 @@ class RopeConfig:
     ``truncate``, ``mscale``/``mscale_all_dim`` yarn's; ``short_factor``/``long_factor``
     longrope's (one per rotated pair). ``attention_factor``: the cos/sin scale a config
     states; None lets yarn and longrope derive theirs from ``factor``.
-    ``partial_rotary_factor``: the share of each head's leading dimensions that turns (Qwen3-Next
-    and Qwen3.5: 0.25); the rest passes unrotated."""
+    ``partial_rotary_factor``: the share of each head that turns. Proportional's (Gemma 4):
+    the share of the head's pairs that rotate, the rest keep frequency 0; any other type's
+    (Qwen3-Next, Qwen3.5: 0.25): the head's leading dimensions turn as a head of that size
+    would, the rest pass unrotated."""
 
     theta: float = 10000.0
     rope_type: str = "default"
@@ -49,7 +52,7 @@ class RopeConfig:
     partial_rotary_factor: float = 1.0
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class ModelConfig:
         if architecture in MULTIMODAL:
             raw = language_model_config(raw)
         family = registry.family(architecture)
+        if family == "gemma4":
+            raw = gemma4_defaults(raw)
         gemma = GemmaConfig.from_dict(raw, family)
         if gemma is None and raw.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; only silu")
@@ -256,8 +261,10 @@ def _generation_eos(path: Path) -> tuple[int, ...]:
 
 def _rope(raw: dict) -> RopeConfig:
     """``_rope_type``'s frequencies, turning ``partial_rotary_factor`` of each head (config.json
-    gives it in ``rope_parameters`` or at the top level)."""
+    gives it in ``rope_parameters`` or at the top level; proportional RoPE reads its own)."""
     params = {**(raw.get("rope_scaling") or {}), **(raw.get("rope_parameters") or {})}
+    if params.get("rope_type") == "proportional":
+        return _rope_type(raw)
     factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if not 0 < factor <= 1:
         raise ValueError(f"partial_rotary_factor must be in (0, 1], got {factor!r}")
@@ -279,6 +286,18 @@ def _rope_type(raw: dict) -> RopeConfig:
         return RopeConfig(theta=theta)
     if rope_type == "linear":
         return RopeConfig(theta=theta, rope_type="linear", factor=_rope_param(params, "factor"))
+    if rope_type == "proportional":
+        share = params.get("partial_rotary_factor", 1.0)
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(
+                f"rope_parameters.partial_rotary_factor must be in [0, 1], got {share}"
+            )
+        return RopeConfig(
+            theta=theta,
+            rope_type="proportional",
+            factor=params.get("factor", 1.0),
+            partial_rotary_factor=share,
+        )
     max_positions = raw.get("max_position_embeddings", 2048)
     original = raw.get(
         "original_max_position_embeddings",

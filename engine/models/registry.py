@@ -19,6 +19,8 @@ MODELS: dict[str, tuple[str, str]] = {
     "GptOssForCausalLM": ("gpt_oss", "gpt_oss.GptOssForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "gemma3.Gemma3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("gemma3", "gemma3.Gemma3ForConditionalGeneration"),
+    "Gemma4ForCausalLM": ("gemma4", "gemma4.Gemma4ForCausalLM"),
+    "Gemma4ForConditionalGeneration": ("gemma4", "gemma4.Gemma4ForConditionalGeneration"),
     "Qwen3NextForCausalLM": ("qwen3_next", "qwen3_next.Qwen3NextForCausalLM"),
     "Qwen3_5ForCausalLM": ("qwen3_5", "qwen3_5.Qwen3_5ForCausalLM"),
     "Qwen3_5ForConditionalGeneration": ("qwen3_5", "qwen3_5.Qwen3_5ForConditionalGeneration"),

@@ -6,6 +6,7 @@ projection (row-parallel: one all-reduce)."""
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kvserve.engine.layers.attention.backend import AttentionBackend
@@ -39,6 +40,7 @@ class Attention(nn.Module):
         qkv_bias: bool,
         o_bias: bool,
         qk_norm_eps: float | None,
+        v_norm_eps: float | None = None,
         rotary: RotaryEmbedding,
         backend: AttentionBackend,
         tp: TensorParallel,
@@ -51,6 +53,7 @@ class Attention(nn.Module):
         output_gate: bool = False,
     ) -> None:
         """``qk_norm_eps``: the epsilon of RMSNorms on each q and k head (Qwen3), or None;
+        ``v_norm_eps``: that of an RMSNorm without weight on each v head (Gemma 4), or None;
         ``*_method``: the projections' weight methods (None: unquantized).
         ``sliding_window``, ``softcap``: this layer's window and logit soft-cap, as
         ``AttentionBackend.attend`` takes them (None: none); ``sinks``: the layer has
@@ -80,6 +83,7 @@ class Attention(nn.Module):
                 RMSNorm(head_dim, qk_norm_eps),
                 RMSNorm(head_dim, qk_norm_eps),
             )
+        self.v_norm_eps = v_norm_eps
         self.rotary = rotary
         self.backend = backend
         self.scale = head_dim**-0.5 if scale is None else scale
@@ -141,6 +145,8 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm_eps is not None:
+            v = F.rms_norm(v, (self.head_dim,), eps=self.v_norm_eps)
         q, k = self.rotary(positions, q, k)
         key_cache, value_cache = kv_cache
         scales = self.kv_scales
