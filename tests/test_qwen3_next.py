@@ -8,9 +8,11 @@ logits of one, for Qwen3-Next and Qwen3.5-MoE."""
 
 import json
 import random
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from test_engine_matches_transformers import MAX_TOKENS, make_prompts, run
 
 from kvserve import SamplingParams
@@ -159,3 +161,12 @@ def test_a_bad_config_is_named(qwen3_next, fields, message):
         del raw[name]
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_dict(raw)
+
+
+def test_the_multi_token_prediction_layer_is_not_loaded(qwen3_next, tmp_path):
+    path = tmp_path / "with-mtp"
+    shutil.copytree(qwen3_next, path)
+    weights = load_file(path / "model.safetensors")
+    weights["mtp.fc.weight"] = torch.ones(64, 128)
+    save_file(weights, path / "model.safetensors", {"format": "pt"})
+    greedy_matches(path, {}, [[7, 8, 9]], max_tokens=4)
