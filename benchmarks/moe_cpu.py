@@ -1,6 +1,9 @@
 """A mixture-of-experts model on a CPU against the dense model of its active size, in one run.
 
-    python benchmarks/moe_cpu.py [--dtype bf16] [--quick]
+    OMP_NUM_THREADS=1 python benchmarks/moe_cpu.py [--dtype bf16] [--quick]
+
+(One thread on a shared machine: with two, OpenMP's spinning threads on cores other jobs
+were using ran the dense model's W1 ten times slower, 680 s against 68.)
 
 Models (checkpoint.py): ``qwen3-moe-1b`` (Qwen3-30B-A3B's layout scaled to 1.0B parameters,
 64 experts, 8 per token: 0.18B multiplied per token) and ``qwen3-dense-0.18b`` (the same
@@ -111,7 +114,7 @@ def layer_table(dtype: torch.dtype) -> list[str]:
         "",
         f"One MoE layer ({EXPERTS} experts of {INTER}, {TOP_K} per token, hidden {HIDDEN}, "
         f"{str(dtype).removeprefix('torch.')}), median ms per call, "
-        f"{torch.get_num_threads()} threads:",
+        f"torch threads: {torch.get_num_threads()}:",
         "",
         "| tokens | experts with tokens | kvserve (grouped, packed kernels) | grouped, torch "
         "matmuls | padded bmm, no loop |",
@@ -147,7 +150,7 @@ def main() -> None:
     lines += [
         f"W1: {args.requests} requests, prompts of {args.min_prompt}-{args.max_prompt} tokens, "
         f"{args.max_tokens} output tokens each, compute dtype {mine.dtype}, kvserve "
-        f"`LLM.generate` on {torch.get_num_threads()} threads, one run each, in this order.",
+        f"`LLM.generate`, torch threads: {torch.get_num_threads()}, one run each, in this order.",
         "",
         "| model | parameters (B) | multiplied per token (B) | peak RSS (MiB) | W1 wall (s) | "
         "output tok/s (vs dense) | decode step, one stream (ms) | load average after |",
@@ -155,6 +158,14 @@ def main() -> None:
     ]
     with tempfile.TemporaryDirectory(prefix="kvserve-moe-") as tmp:
         lines += run_w1(args, mine.dtype, Path(tmp))
+    lines += [
+        "",
+        "At W1's batch sizes nearly every expert has tokens in every decode step (64 sequences "
+        f"x {TOP_K} of {EXPERTS} experts), so a batched decode step streams all of the MoE "
+        "model's weights where the dense one streams its 0.18B; one stream's decode step reads "
+        f"{TOP_K} experts a layer, the dense model's bytes. On a shared machine (the load "
+        "average column) the two rows' ratio moves by tens of percent between runs.",
+    ]
     lines += layer_table(DTYPES[mine.dtype])
     mine.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

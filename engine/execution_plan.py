@@ -8,6 +8,15 @@ import torch
 
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import DTYPES, EngineConfig
+from kvserve.engine.core.kv_groups import (
+    FULL,
+    LINEAR,
+    SLIDING,
+    KVGroup,
+    LayerKind,
+    group_size,
+    kv_groups,
+)
 from kvserve.engine.graphs.cpu_graphs import use_cpu_graphs
 from kvserve.engine.graphs.cuda_graphs import use_cuda_graphs
 from kvserve.engine.kernels.cpu_isa import cpu_flags, native_bf16
@@ -50,16 +59,33 @@ class ExecutionPlan:
     """The KV cache's elements: ``dtype``'s, or e4m3 (``--kv-cache-dtype fp8``)."""
     kv_block_bytes: int
     num_kv_blocks: int | None
+    kv_groups: tuple[KVGroup, ...]
+    """The attention layers' block-table groups (``kv_groups``): one for a dense model."""
+    max_blocks_held_per_seq: int
+    """The most blocks of all groups one request holds at the full context (a sliding
+    window's group holds its window's, whatever the context)."""
+    num_state_slots: int = 0
+    """Recurrent-state slots of a model with linear-attention layers, one per sequence that
+    may run (``max_num_seqs``; a step is never padded, so no scratch slot); 0 without."""
+    state_slot_bytes: int = 0
+    """One slot's bytes on this rank: the conv and ssm states of every linear-attention
+    layer. The slots' memory comes off the KV cache's budget."""
 
     @property
     def max_blocks_per_seq(self) -> int:
-        """Blocks of a request at the full context."""
+        """Entries of a request's block table at the full context."""
         return cdiv(self.max_model_len, self.block_size)
 
     def with_measured_kv_blocks(self, model: DecoderLM, config: EngineConfig) -> "ExecutionPlan":
         """This plan with the blocks that fit next to ``model`` and its largest step."""
         blocks = cuda_kv_cache_blocks(
-            model, config, self.max_model_len, self.kv_block_bytes, self.kv_cache_dtype, self.device
+            model,
+            config,
+            self.max_model_len,
+            self.kv_block_bytes,
+            self.kv_cache_dtype,
+            self.device,
+            self.num_state_slots * self.state_slot_bytes,
         )
         return dataclasses.replace(self, num_kv_blocks=blocks)
 
@@ -77,6 +103,32 @@ class ExecutionPlan:
             f"max_model_len {self.max_model_len}, "
             f"{'kv fp8, ' if self.kv_cache_dtype == FP8 else ''}"
             f"{self.num_kv_blocks} KV blocks x {self.block_size} tokens"
+            f"{self._groups_note()}"
+            f"{self._slots_note()}"
+        )
+
+    def _slots_note(self) -> str:
+        if not self.num_state_slots:
+            return ""
+        mib = self.num_state_slots * self.state_slot_bytes / 2**20
+        return (
+            f", {self.num_state_slots} state slots x {self.state_slot_bytes} bytes "
+            f"({mib:.1f} MiB) for the linear-attention layers"
+        )
+
+    def _groups_note(self) -> str:
+        """Nothing for one group; else each kind's groups and what a request holds."""
+        if len(self.kv_groups) == 1:
+            return ""
+        kinds: dict[str, int] = {}
+        for group in self.kv_groups:
+            name = group.kind if group.window is None else f"{group.kind} {group.window}"
+            kinds[name] = kinds.get(name, 0) + 1
+        size = group_size(self.kv_groups)
+        listed = ", ".join(f"{count} {name}" for name, count in kinds.items())
+        return (
+            f" shared by {len(self.kv_groups)} groups of {size} layers ({listed}); a request "
+            f"at max_model_len holds {self.max_blocks_held_per_seq} of them"
         )
 
 
@@ -98,11 +150,24 @@ def plan_execution(
     backend = select_backend(device, config.attention_backend)
     max_model_len = _max_model_len(config, model_config)
     kv_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype, device, backend)
-    block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype)
+    groups = kv_groups(layer_kinds(model_config))
+    block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype, group_size(groups))
+    held = sum(
+        g.max_blocks(max_model_len, config.block_size, config.max_num_batched_tokens)
+        for g in groups
+    )
+    linear = model_config.gated_delta_net
+    slots = config.max_num_seqs if linear is not None else 0
+    slot_bytes = (
+        len(model_config.linear_layers) * linear.state_spec(tp, dtype).bytes_per_slot
+        if linear is not None
+        else 0
+    )
     # CUDA graphs and recorded CPU decode steps were never proven with collectives inside:
-    # a model sharded over several ranks runs every step eagerly; so does one with LoRA
-    # layers (a step's adapter row groups are not part of a replayed step)
-    eager = config.enforce_eager or tp > 1 or config.enable_lora
+    # a model sharded over several ranks runs every step eagerly
+    # nor with several block tables (a hybrid model's groups), nor with state slots; nor with
+    # LoRA layers (a step's adapter row groups are not part of a replayed step)
+    eager = config.enforce_eager or tp > 1 or len(groups) > 1 or slots > 0 or config.enable_lora
     return ExecutionPlan(
         model=config.model,
         family=model_config.family,
@@ -118,7 +183,25 @@ def plan_execution(
         block_size=config.block_size,
         kv_cache_dtype=kv_dtype,
         kv_block_bytes=block_bytes,
-        num_kv_blocks=configured_kv_blocks(config, block_bytes, max_model_len, device),
+        num_kv_blocks=configured_kv_blocks(config, block_bytes, held, device, slots * slot_bytes),
+        kv_groups=groups,
+        max_blocks_held_per_seq=held,
+        num_state_slots=slots,
+        state_slot_bytes=slot_bytes,
+    )
+
+
+def layer_kinds(model_config: ModelConfig) -> tuple[LayerKind, ...]:
+    """Each layer's memory: a state slot for ``linear_layers``, else its window from
+    ``layer_windows``, else full attention."""
+    windows = model_config.layer_windows or (None,) * model_config.num_layers
+    return tuple(
+        LayerKind(LINEAR)
+        if i in model_config.linear_layers
+        else LayerKind(FULL)
+        if w is None
+        else LayerKind(SLIDING, w)
+        for i, w in enumerate(windows)
     )
 
 
@@ -164,10 +247,9 @@ def _kv_cache_dtype(
 
 
 def _max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
-    """The setting, or the model's context (capped at its sliding window), never above it."""
+    """The setting, or the model's context, never above it (a sliding window caps nothing:
+    its layers' blocks leave the cache as they leave the window)."""
     limit = model_config.max_position_embeddings
-    if model_config.sliding_window:
-        limit = min(limit, model_config.sliding_window)
     wanted = config.max_model_len or limit
     if wanted > limit:
         raise ValueError(f"max_model_len {wanted} exceeds the model's context of {limit}")

@@ -95,10 +95,10 @@ class InputProcessor:
                 f"within the model's context of {self.max_model_len} tokens"
             )
         needed = self.kv.blocks_needed(len(token_ids) + 1)
-        if needed > self.kv.pool.num_blocks:
+        if needed > self.kv.pool.num_usable_blocks:
             raise ValueError(
                 f"the prompt needs {needed} KV blocks but the cache has only "
-                f"{self.kv.pool.num_blocks}"
+                f"{self.kv.pool.num_usable_blocks}"
             )
         for name, ids in (
             ("logit_bias", params.logit_bias),

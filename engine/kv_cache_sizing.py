@@ -17,6 +17,7 @@ import torch
 from kvserve.engine.cdiv import cdiv
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
+from kvserve.engine.layers.linear_attention.metadata import StateMetadata
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
 
@@ -25,30 +26,39 @@ GIB = 2**30
 DEFAULT_CPU_KV_CACHE_GB = 4.0
 
 
-def kv_block_bytes(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block: keys and values of ``block_size`` tokens in every layer, each
-    element a ``dtype`` (the cache's: 1 byte for e4m3, so twice a 16-bit cache's blocks fit
-    in one budget)."""
+def kv_block_bytes(
+    model_config: ModelConfig, block_size: int, dtype: torch.dtype, num_layers: int
+) -> int:
+    """Bytes of one block: keys and values of ``block_size`` tokens in ``num_layers`` layers
+    (a dense model's all; a hybrid model's group size, ``kv_groups``), each element a
+    ``dtype`` (the cache's: 1 byte for e4m3, so twice a 16-bit cache's blocks fit in one
+    budget)."""
     cfg = model_config
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+    return 2 * num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
 
 
 def configured_kv_blocks(
-    config: EngineConfig, block_bytes: int, max_model_len: int, device: torch.device
+    config: EngineConfig,
+    block_bytes: int,
+    blocks_per_seq: int,
+    device: torch.device,
+    state_bytes: int = 0,
 ) -> int | None:
-    """The blocks the settings fix without measuring; None where they are the share of a
-    CUDA device's memory left after a profiled step (``cuda_kv_cache_blocks``)."""
+    """The blocks the settings fix without measuring (``blocks_per_seq``: those one request
+    holds at the full context); None where they are the share of a CUDA device's memory
+    left after a profiled step (``cuda_kv_cache_blocks``). ``state_bytes``: the
+    linear-attention layers' state slots, which come off a budget first."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     if config.kv_cache_memory_gb is not None:
-        blocks = int(config.kv_cache_memory_gb * GIB) // block_bytes
+        blocks = (int(config.kv_cache_memory_gb * GIB) - state_bytes) // block_bytes
         if blocks < 1:
             raise ValueError(f"a KV budget of {config.kv_cache_memory_gb:.3f} GiB holds no block")
         return blocks
     if device.type == "cuda":
         return None
-    full_contexts = config.max_num_seqs * cdiv(max_model_len, config.block_size)
-    return min(full_contexts, int(DEFAULT_CPU_KV_CACHE_GB * GIB) // block_bytes)
+    full_contexts = config.max_num_seqs * blocks_per_seq
+    return min(full_contexts, (int(DEFAULT_CPU_KV_CACHE_GB * GIB) - state_bytes) // block_bytes)
 
 
 @dataclass(frozen=True)
@@ -60,10 +70,13 @@ class MemoryProfile:
     non_torch_bytes: int  # in use outside torch's pool: CUDA context, other processes
 
 
-def kv_cache_blocks(profile: MemoryProfile, utilization: float, block_bytes: int) -> int:
-    """Blocks of ``block_bytes`` in ``utilization`` of the device, less what is in use."""
+def kv_cache_blocks(
+    profile: MemoryProfile, utilization: float, block_bytes: int, state_bytes: int = 0
+) -> int:
+    """Blocks of ``block_bytes`` in ``utilization`` of the device, less what is in use and
+    the ``state_bytes`` of the linear-attention layers' state slots."""
     budget = int(profile.total_bytes * utilization)
-    free = budget - profile.peak_torch_bytes - profile.non_torch_bytes
+    free = budget - profile.peak_torch_bytes - profile.non_torch_bytes - state_bytes
     blocks = max(free, 0) // block_bytes
     log.info(
         "KV cache: %d blocks (%.2f GiB) = %.2f GiB (%.2f of %.2f GiB) - %.2f GiB weights and "
@@ -104,7 +117,8 @@ def profile_step(
 ) -> torch.Tensor:
     """Run ``query_lens`` fresh prompts through ``model`` on a one-block KV cache of
     ``kv_dtype`` (every token's slot wraps around in it; the outputs are meaningless, their
-    memory is real) and return the logits of each sequence's last token."""
+    memory is real) and return the logits of each sequence's last token. Linear-attention
+    layers share one state slot per sequence (the slots' memory is counted apart)."""
     cfg = model.config
     num_tokens = sum(query_lens)
     shape = (1, block_size, cfg.num_kv_heads, cfg.head_dim)
@@ -133,7 +147,19 @@ def profile_step(
         max_seq_len=max_len,
     )
     input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
-    hidden = model(input_ids, positions.to(device), kv_caches, meta)
+    metas: list[AttentionMetadata | StateMetadata] = [meta] * cfg.num_layers
+    if cfg.gated_delta_net is not None:
+        spec = cfg.gated_delta_net.state_spec(model.tp.size, model.embed_tokens.weight.dtype)
+        states = spec.allocate(len(query_lens), device)
+        state_meta = StateMetadata(
+            query_start_loc=meta.query_start_loc,
+            state_slots=torch.arange(len(query_lens), dtype=torch.int32, device=device),
+            has_initial_state=torch.zeros(len(query_lens), dtype=torch.bool, device=device),
+            query_start_loc_host=[0, *ends.tolist()],
+        )
+        for layer in cfg.linear_layers:
+            kv_caches[layer], metas[layer] = states, state_meta
+    hidden = model(input_ids, positions.to(device), kv_caches, metas)
     return model.logits(hidden[(ends - 1).to(device)])
 
 
@@ -161,11 +187,12 @@ def cuda_kv_cache_blocks(
     block_bytes: int,
     kv_dtype: torch.dtype,
     device: torch.device,
+    state_bytes: int = 0,
 ) -> int:
     """Profile the largest step of ``config`` on the loaded ``model`` and size the cache
-    (of ``kv_dtype``)."""
+    (of ``kv_dtype``) next to ``state_bytes`` of state slots."""
     lens = profile_query_lens(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
     profile = measure_cuda_memory(
         device, lambda: profile_step(model, lens, config.block_size, kv_dtype, device)
     )
-    return kv_cache_blocks(profile, config.gpu_memory_utilization, block_bytes)
+    return kv_cache_blocks(profile, config.gpu_memory_utilization, block_bytes, state_bytes)

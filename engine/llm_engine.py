@@ -76,6 +76,9 @@ class LLMEngine:
                 config.enable_prefix_caching,
                 KVEventLog() if self.kv_events is not None else None,
                 config.prefix_caching_hash_algo,
+                self.plan.kv_groups,
+                num_state_slots=self.plan.num_state_slots,
+                max_step_tokens=config.max_num_batched_tokens,
             )
         self.scheduler = Scheduler(
             SchedulerConfig(

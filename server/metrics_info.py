@@ -20,9 +20,10 @@ def cache_config_labels(engine: LLMEngine) -> dict[str, str]:
     ``kv_cache_size_tokens`` is the tokens the blocks hold and ``kv_cache_max_concurrency``
     the requests at the full context they hold at once (blocks over blocks per request).
     ``prefix_caching_hash_algo`` is ``--prefix-caching-hash-algo`` (``sha256``, one of
-    vLLM's). Left out, having no kvserve counterpart: ``sliding_window`` (the cache never
-    slides: the context is capped at the window instead), swap space, offloading and the Mamba
-    settings.
+    vLLM's). ``kv_cache_max_concurrency`` counts every KV group's blocks (a sliding-window
+    group's: its window's). Left out, having no kvserve counterpart: ``sliding_window`` (one
+    label for what is a window per layer here: the plan line lists the groups), swap space,
+    offloading and the Mamba settings.
     """
     config = engine.config
     memory = config.kv_cache_memory_gb

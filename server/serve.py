@@ -86,7 +86,7 @@ def serve(args: argparse.Namespace) -> int:
     assert plan.num_kv_blocks is not None
     log.info(
         "the KV cache holds %d requests at the full context of %d tokens",
-        plan.num_kv_blocks // plan.max_blocks_per_seq,
+        plan.num_kv_blocks // plan.max_blocks_held_per_seq,
         plan.max_model_len,
     )
     try:

@@ -10,6 +10,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
+    Gemma4TextConfig,
     GptOssConfig,
     LlamaConfig,
     MistralConfig,
@@ -17,8 +19,11 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2MoeConfig,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
 )
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -61,6 +66,11 @@ CONFIGS = {
     "qwen3_moe": Qwen3MoeConfig,
     "mixtral": MixtralConfig,
     "gpt_oss": GptOssConfig,
+    "gemma3_text": Gemma3TextConfig,
+    "gemma4_text": Gemma4TextConfig,
+    "qwen3_next": Qwen3NextConfig,
+    "qwen3_5_text": Qwen3_5TextConfig,
+    "qwen3_5_moe_text": Qwen3_5MoeTextConfig,
 }
 BASE = dict(
     vocab_size=VOCAB_SIZE,

@@ -19,7 +19,7 @@ torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from checkpoints import FAMILIES, build_checkpoint  # noqa: E402
+from checkpoints import FAMILIES, MOE_FAMILIES, build_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +29,7 @@ def checkpoint(tmp_path_factory):
 
     def get(name: str) -> Path:
         if name not in built:
-            family, overrides = FAMILIES[name]
+            family, overrides = (FAMILIES | MOE_FAMILIES)[name]
             built[name] = build_checkpoint(family, tmp_path_factory.mktemp(name), **overrides)
         return built[name]
 

@@ -1,8 +1,10 @@
 """Small factories for scheduler and cache tests."""
 
 import itertools
+from collections.abc import Sequence
 
-from kvserve.engine.core.kv_cache_manager import KVCacheManager
+from kvserve.engine.core.kv_cache_manager import DENSE, KVCacheManager
+from kvserve.engine.core.kv_groups import KVGroup
 from kvserve.engine.core.request import Request
 from kvserve.engine.core.scheduler import Scheduler, SchedulerConfig
 from kvserve.engine.sampling_params import SamplingParams
@@ -25,8 +27,12 @@ def make_scheduler(
     max_model_len: int = 256,
     caching: bool = False,
     long_prefill_token_threshold: int = 0,
+    groups: Sequence[KVGroup] = DENSE,
+    num_state_slots: int = 0,
 ) -> Scheduler:
-    kv = KVCacheManager(num_blocks, block_size, caching)
+    kv = KVCacheManager(
+        num_blocks, block_size, caching, groups=groups, num_state_slots=num_state_slots
+    )
     config = SchedulerConfig(
         max_num_seqs, max_num_batched_tokens, max_model_len, long_prefill_token_threshold
     )

@@ -15,6 +15,7 @@ from kvserve.engine.layers.attention.backend import AttentionBackend
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.attention.torch_backend import TorchAttention
 from kvserve.engine.layers.cpu_linear.packed_linear import can_pack
+from kvserve.engine.layers.linear_attention.metadata import StateMetadata
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
@@ -50,6 +51,23 @@ def meta(context: list[int], new: list[int]) -> AttentionMetadata:
     )
 
 
+def layer_metas(
+    cfg: ModelConfig, step: AttentionMetadata
+) -> list[AttentionMetadata | StateMetadata]:
+    """``step`` for each attention layer, its ``StateMetadata`` for each linear-attention
+    one (sequence i in slot i, with a state once it has a context)."""
+    num_seqs = len(step.query_lens_host)
+    state = StateMetadata(
+        query_start_loc=step.query_start_loc,
+        state_slots=torch.arange(num_seqs, dtype=torch.int32),
+        has_initial_state=torch.tensor(
+            [s > q for s, q in zip(step.seq_lens_host, step.query_lens_host, strict=True)]
+        ),
+        query_start_loc_host=step.query_start_loc.tolist(),
+    )
+    return [state if i in cfg.linear_layers else step for i in range(cfg.num_layers)]
+
+
 @torch.inference_mode()
 def run_steps(
     path: Path,
@@ -58,7 +76,8 @@ def run_steps(
     prompts: list[list[int]] = PROMPTS,
 ) -> list[torch.Tensor]:
     """The logits of a prefill of ``prompts`` and DECODE_STEPS greedy decode steps, in
-    float32 through ``backend`` (default: torch's attention and the CPU's packed linears)."""
+    float32 through ``backend`` (default: torch's attention and the CPU's packed linears);
+    a linear-attention layer keeps sequence i's state in slot i."""
     cfg = ModelConfig.from_dir(path)
     cpu = torch.device("cpu")
     packed = can_pack(torch.float32, cpu)
@@ -66,13 +85,17 @@ def run_steps(
     model = load_model(path, cfg, backend, 64, torch.float32, cpu, packed=packed, tp=tp)
     shape = (len(prompts) * MAX_BLOCKS, BLOCK_SIZE, tp.kv_heads(cfg.num_kv_heads), cfg.head_dim)
     caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
+    if cfg.gated_delta_net is not None:
+        spec = cfg.gated_delta_net.state_spec(tp.size, torch.float32)
+        for layer in cfg.linear_layers:
+            caches[layer] = spec.allocate(len(prompts), cpu)
     ids = torch.tensor([t for p in prompts for t in p])
     positions = torch.cat([torch.arange(len(p)) for p in prompts])
     step = meta([0] * len(prompts), [len(p) for p in prompts])
     last = step.query_start_loc[1:].long() - 1
     out = []
     for _ in range(DECODE_STEPS + 1):
-        logits = model.logits(model(ids, positions, caches, step, last))
+        logits = model.logits(model(ids, positions, caches, layer_metas(cfg, step), last))
         out.append(logits)
         context = step.seq_lens_host
         ids, positions = logits.argmax(-1), torch.tensor(context)

@@ -61,8 +61,8 @@ def test_blocks_whose_python_hashes_collide_share_no_cached_block(other):
     assert hash((None, *mine)) == hash((None, *theirs))
     kv = KVCacheManager(8, 4, True)
     cached(kv, [*mine, 9])
-    assert kv.computed_blocks(make_request(tokens=[*mine, 7])) == [kv.pool.blocks[0]]
-    assert kv.computed_blocks(make_request(tokens=[*theirs, 7])) == []
+    assert kv.computed_blocks(make_request(tokens=[*mine, 7])).blocks == [[kv.pool.blocks[0]]]
+    assert kv.computed_blocks(make_request(tokens=[*theirs, 7])).blocks == [[]]
 
 
 def test_an_unknown_hash_algorithm_is_refused_naming_the_setting():

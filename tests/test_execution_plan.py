@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from kvserve import LLM, SamplingParams
 from kvserve.engine import execution_plan
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.core.kv_groups import KVGroup
 from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
 from kvserve.engine.kernels import cpu_library
 from kvserve.engine.llm_engine import LLMEngine
@@ -58,6 +59,10 @@ def test_a_tiny_checkpoint_on_the_cpu_gets_an_exact_plan(checkpoint):
         "kv_cache_dtype": torch.float32,  # the model's (--kv-cache-dtype auto)
         "kv_block_bytes": FLOAT32_BLOCK_BYTES,
         "num_kv_blocks": 3 * 7,  # max_num_seqs full contexts of ceil(100 / 16) blocks
+        "kv_groups": (KVGroup("full_attention", None, (0, 1)),),  # one: a dense model
+        "max_blocks_held_per_seq": 7,
+        "num_state_slots": 0,  # no linear-attention layers
+        "state_slot_bytes": 0,
     }
     assert plan.max_blocks_per_seq == 7
 
@@ -93,10 +98,11 @@ def test_the_checkpoint_and_the_device_decide_what_auto_means(checkpoint):
         True,
     )
     assert (eager.backend.name, eager.cuda_graphs, eager.packed_linears) == ("triton", False, False)
-    windowed = dataclasses.replace(half, sliding_window=64)
-    assert plan_execution(EngineConfig(model=path, device="cpu"), windowed).max_model_len == 64
-    with pytest.raises(ValueError, match=r"^max_model_len 100 exceeds the model's context of 64$"):
-        plan_execution(EngineConfig(model=path, device="cpu", max_model_len=100), windowed)
+    # a sliding window caps nothing: its blocks leave the cache as they leave the window
+    windowed = dataclasses.replace(half, layer_windows=(64,) * half.num_layers)
+    plan = plan_execution(EngineConfig(model=path, device="cpu"), windowed)
+    assert plan.max_model_len == half.max_position_embeddings
+    assert [(g.kind, g.window) for g in plan.kv_groups] == [("sliding_attention", 64)]
 
 
 def test_a_model_sharded_over_several_ranks_runs_every_step_eagerly(checkpoint, monkeypatch):

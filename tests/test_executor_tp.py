@@ -17,7 +17,7 @@ from faults import gone
 from reference import assert_greedy_match, hf_greedy
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen2_moe"])
 def test_two_ranks_give_transformers_tokens_under_block_pressure(checkpoint, family):
     path = str(checkpoint(family))
     engine = LLMEngine(

@@ -24,14 +24,14 @@ def test_prefix_hits_reuse_the_same_physical_blocks():
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     shared = list(range(100, 110))  # two full blocks and a half
     a = make_request(tokens=[*shared, 1, 2, 3])
-    assert kv.computed_blocks(a) == []
+    assert kv.computed_blocks(a).num_blocks == 0
     assert kv.allocate_slots(a, a.num_tokens)
     a.num_computed_tokens = a.num_tokens
     kv.cache_computed_blocks(a)
     assert len(a.block_hashes) == 3  # 13 tokens: three full blocks
     b = make_request(tokens=[*shared, 7, 7, 7, 7])
     hits = kv.computed_blocks(b)
-    assert [h.block_id for h in hits] == a.block_ids[:2]
+    assert [h.block_id for h in hits.blocks[0]] == a.block_ids[:2]
     assert kv.allocate_slots(b, b.num_tokens - 8, hits)
     assert b.block_ids[:2] == a.block_ids[:2]
     assert b.block_ids[2:] == [4, 5]  # new blocks after a's 0..3
@@ -50,7 +50,7 @@ def test_freed_prefix_stays_cached_and_a_full_prompt_hit_still_computes_its_last
     assert kv.pool.num_free_blocks == 8
     again = make_request(tokens=prompt)
     hits = kv.computed_blocks(again)
-    assert [h.block_id for h in hits] == table[:1]  # never the whole prompt
+    assert [h.block_id for h in hits.blocks[0]] == table[:1]  # never the whole prompt
     assert kv.allocate_slots(again, 4, hits)
     assert again.block_ids == [table[0], 2]  # the last block is recomputed in a fresh one
 
@@ -63,8 +63,8 @@ def test_lru_eviction_takes_the_least_recently_freed_cached_block():
     kv.cache_computed_blocks(a)  # blocks 0 and 1 cached, block 2 partial
     kv.free(a)  # freed tail first: 2, 1, 0 join the queue after 3
     b = make_request(tokens=[9, 9, 9, 9])
-    assert kv.computed_blocks(b) == []
+    assert kv.computed_blocks(b).num_blocks == 0
     kv.allocate_slots(b, 4)
     assert b.block_ids == [3, 2]  # never-cached blocks go before a's cached prefix
     c = make_request(tokens=[1, 2, 3, 4, 8])
-    assert [h.block_id for h in kv.computed_blocks(c)] == [0, 1]
+    assert [h.block_id for h in kv.computed_blocks(c).blocks[0]] == [0, 1]

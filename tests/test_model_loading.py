@@ -31,7 +31,10 @@ def test_unsupported_architecture_names_the_supported_ones():
     assert str(err.value) == (
         "unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, "
         "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, "
-        "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM"
+        "Qwen3MoeForCausalLM, MixtralForCausalLM, GptOssForCausalLM, Gemma3ForCausalLM, "
+        "Gemma3ForConditionalGeneration, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, "
+        "Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, "
+        "Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration"
     )
 
 

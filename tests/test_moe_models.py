@@ -5,6 +5,7 @@ compute the logits of one; the routing and the grouped experts compute what thei
 definitions say; a misfit or quantized expert is refused, named."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -27,23 +28,9 @@ from kvserve.engine.models.moe_block import SparseMoeBlock
 
 from checkpoints import MOE_FAMILIES, build_checkpoint
 from reference import assert_greedy_match, hf_greedy
-from sharded_steps import on_two_ranks, run_steps
+from sharded_steps import DECODE_STEPS, on_two_ranks, run_steps
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def moe_checkpoint(tmp_path_factory):
-    """``moe_checkpoint(name)`` → the directory of MOE_FAMILIES' checkpoint ``name``."""
-    built = {}
-
-    def get(name: str):
-        if name not in built:
-            family, overrides = MOE_FAMILIES[name]
-            built[name] = build_checkpoint(family, tmp_path_factory.mktemp(name), **overrides)
-        return built[name]
-
-    return get
 
 
 SCENARIOS = {
@@ -56,8 +43,8 @@ SCENARIOS = {
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_greedy_matches_transformers(moe_checkpoint, family, scenario):
-    path = str(moe_checkpoint(family))
+def test_greedy_matches_transformers(checkpoint, family, scenario):
+    path = str(checkpoint(family))
     engine = LLMEngine(EngineConfig(model=path, dtype="float32", **SCENARIOS[scenario]))
     pressured = scenario != "default-settings"
     prompts = make_prompts(seed=len(family), shared_prefixes=pressured)
@@ -70,12 +57,12 @@ def test_greedy_matches_transformers(moe_checkpoint, family, scenario):
         assert engine.stats.num_preemptions > 0 and engine.stats.prefix_cache_hits > 0
 
 
-def test_each_layer_gets_the_mlp_its_config_says(moe_checkpoint):
+def test_each_layer_gets_the_mlp_its_config_says(checkpoint):
     """qwen3_moe: layer 1 in mlp_only_layers; qwen3_moe-norm-topk: decoder_sparse_step 2,
     layers 1 and 3 sparse; qwen2_moe: a shared expert; Mixtral: renormalised top-k."""
     kinds = {}
     for name in MOE_FAMILIES:
-        path = moe_checkpoint(name)
+        path = checkpoint(name)
         cfg = ModelConfig.from_dir(path)
         model = load_model(path, cfg, TorchAttention(), 64, torch.float32, CPU)
         kinds[name] = [type(layer.mlp) for layer in model.layers]
@@ -163,7 +150,7 @@ def test_a_misfit_expert_tensor_is_named(tmp_path):
     assert str(err.value).startswith(
         f"checkpoint tensor {name!r} (shape [40, 64]) does not fit layers.1.mlp.experts.w13 "
         "(this rank's part: [8, 64, 64]): expert 5's w3 must have shape [32, 64] "
-        "(hidden_size, moe_intermediate_size), not [40, 64]"
+        "(hidden_size, intermediate_size), not [40, 64]"
     )
 
 
@@ -177,9 +164,9 @@ def test_a_missing_or_extra_expert_is_named(tmp_path):
         load(path)
 
 
-def test_quantized_experts_are_refused_naming_the_layer(moe_checkpoint):
+def test_quantized_experts_are_refused_naming_the_layer(checkpoint):
     with pytest.raises(ValueError) as err:
-        load(moe_checkpoint("qwen3_moe"), quantization="fp8")
+        load(checkpoint("qwen3_moe"), quantization="fp8")
     assert str(err.value).startswith(
         "model.layers.0.mlp.experts are quantized (fp8 per-channel, activations fp8 dynamic "
         "(fp8)); mixture-of-experts layers run 16-bit experts only"
@@ -197,6 +184,38 @@ def test_a_moe_architecture_without_experts_is_refused():
         registry.model_class(cfg.architecture)(cfg, TorchAttention(), 64)
 
 
+@pytest.mark.parametrize(
+    ("architecture", "fields", "message"),
+    [
+        (
+            "MixtralForCausalLM",
+            dict(num_local_experts=4, intermediate_size=33),
+            "intermediate_size",
+        ),
+        (
+            "Qwen3MoeForCausalLM",
+            dict(num_experts=4, moe_intermediate_size=33),
+            "moe_intermediate_size",
+        ),
+        (
+            "Qwen2MoeForCausalLM",
+            dict(num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=33),
+            "shared_expert_intermediate_size",
+        ),
+    ],
+)
+def test_experts_that_two_ranks_cannot_split_are_named(architecture, fields, message):
+    raw = dict(
+        architectures=[architecture], vocab_size=64, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=1, num_attention_heads=2, num_experts_per_tok=2,
+    )  # fmt: skip
+    cfg = ModelConfig.from_dict({**raw, **fields})
+    tp = TensorParallel(rank=0, size=2, group=object())  # never used: the build fails first
+    pattern = rf"^{message} \(33\) cannot be split evenly over 2 tensor-parallel ranks$"
+    with pytest.raises(ValueError, match=pattern), torch.device("meta"):
+        registry.model_class(architecture)(cfg, TorchAttention(), 64, tp)
+
+
 def expert_shapes(path, tp: TensorParallel) -> dict[str, tuple[int, ...]]:
     cfg = ModelConfig.from_dir(path)
     model = load_model(path, cfg, TorchAttention(), 64, torch.float32, CPU, tp=tp)
@@ -204,15 +223,18 @@ def expert_shapes(path, tp: TensorParallel) -> dict[str, tuple[int, ...]]:
 
 
 def rank_results(path, tp: TensorParallel) -> dict:
-    return {"logits": run_steps(path, tp), "shapes": expert_shapes(path, tp)}
+    reduce = TensorParallel.all_reduce
+    with mock.patch.object(TensorParallel, "all_reduce", autospec=True, side_effect=reduce) as m:
+        logits = run_steps(path, tp)
+    return {"logits": logits, "all_reduces": m.call_count, "shapes": expert_shapes(path, tp)}
 
 
 TP_CASES = ("qwen3_moe", "qwen2_moe", "mixtral")
 
 
 @pytest.fixture(scope="module")
-def two_ranks(moe_checkpoint, tmp_path_factory):
-    paths = {name: moe_checkpoint(name) for name in TP_CASES}
+def two_ranks(checkpoint, tmp_path_factory):
+    paths = {name: checkpoint(name) for name in TP_CASES}
     ranks = on_two_ranks(rank_results, list(paths.values()), tmp_path_factory.mktemp("tp"))
     return paths, [{name: rank[paths[name].name] for name in TP_CASES} for rank in ranks]
 
@@ -244,3 +266,12 @@ def test_each_rank_holds_half_of_every_experts_intermediate_features(two_ranks):
         shapes = rank["mixtral"]["shapes"]
         assert shapes["layers.0.mlp.experts.w13"] == (8, 32, 64)
         assert math.prod(shapes["layers.0.mlp.experts.w2"]) == 8 * 64 * 16
+
+
+def test_an_moe_block_reduces_once_as_a_dense_mlp_does(two_ranks):
+    """Per forward: the embedding's all-reduce, then each layer's attention output and its
+    MoE block's (experts and shared expert together): Qwen2-MoE's 2 layers, 5 a step."""
+    _, ranks = two_ranks
+    for rank in ranks:
+        assert rank["qwen2_moe"]["all_reduces"] == (DECODE_STEPS + 1) * (1 + 2 * 2)
+        assert rank["qwen3_moe"]["all_reduces"] == (DECODE_STEPS + 1) * (1 + 2 * 3)

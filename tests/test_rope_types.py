@@ -49,6 +49,13 @@ ROPE_PARAMETERS = {
         "beta_fast": 16.0,
         "original_max_position_embeddings": 128,
     },
+    # Gemma 4's global layers: a quarter of the pairs rotate, the rest keep frequency 0
+    "proportional": {
+        "rope_type": "proportional",
+        "rope_theta": 1_000_000.0,
+        "partial_rotary_factor": 0.25,
+        "factor": 2.0,
+    },
 }
 
 
@@ -124,7 +131,8 @@ def test_unknown_rope_type_names_the_supported_ones():
     with pytest.raises(ValueError) as err:
         _configs({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
     assert str(err.value) == (
-        "unsupported rope_type 'dynamic'; supported: default, linear, llama3, yarn, longrope"
+        "unsupported rope_type 'dynamic'; supported: default, linear, llama3, yarn, longrope, "
+        "proportional"
     )
 
 

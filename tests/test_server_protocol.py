@@ -95,3 +95,14 @@ def test_token_ids_are_strict_and_union_errors_name_the_field(body, param, messa
     assert (error["param"], error["message"]) == (param, message)
     assert parse_body(CompletionRequest, {"prompt": "x", "logit_bias": {"007": 1}})
     assert parse_body(CompletionRequest, {"prompt": "x", "seed": -(2**63)}).seed == -(2**63)
+
+
+def test_an_image_content_part_is_a_400_naming_the_part():
+    parts = [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {}}]
+    body = {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": parts}]}
+    error = _error(ChatCompletionRequest, body)
+    assert (error["param"], error["message"]) == (
+        "messages.1.content.1",
+        "messages.1.content.1: content parts of type 'image_url' are not supported; this "
+        "server takes text only",
+    )

@@ -26,9 +26,12 @@ class Request:
     """A prompt, its generated tokens and how far the KV cache has caught up.
 
     ``num_computed_tokens`` chases ``num_tokens``: the tokens before it have
-    their keys and values in the blocks of ``block_ids`` (the request's block
-    table, append-only while it runs, emptied when it is preempted or ends).
-    A preempted request keeps its output tokens and recomputes them as prompt.
+    their keys and values in the blocks of ``block_tables`` (one block table per KV
+    group of the model, append-only while it runs, emptied when it is preempted or ends;
+    a sliding-window group's table has the null block where blocks left its window).
+    ``state_slot`` is its recurrent-state slot (linear-attention models), held from its
+    admission to its end or preemption. A preempted request keeps its output tokens and
+    recomputes them as prompt.
 
     Its text and stop strings are its ``detokenizer``'s and its constraint its ``grammar``'s,
     both given at construction. A request built without a detokenizer (token ids only: the
@@ -55,7 +58,9 @@ class Request:
         self.all_token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING
-        self.block_ids: list[int] = []
+        self.block_tables: list[list[int]] = []
+        self.num_skipped_blocks: list[int] = []  # per group: leading entries dropped (null)
+        self.state_slot: int | None = None
         self.block_hashes: list[BlockHash] = []  # chained hashes of the full blocks cached so far
         self.num_cached_prompt_tokens = 0
         self.finish_reason: str | None = None
@@ -75,6 +80,12 @@ class Request:
         self.grammar = grammar  # a constrained request's: what it may sample next
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The table of the first KV group (a dense model's only one); empty before
+        admission."""
+        return self.block_tables[0] if self.block_tables else []
 
     @property
     def lora_name(self) -> str | None:

@@ -149,10 +149,10 @@ class Scheduler:
                 if len(loras) >= self.config.max_loras:
                     continue
                 loras.add(lora.serial)
-            computed = self.kv.computed_blocks(request)
-            num_cached = len(computed) * self.kv.block_size
+            hit = self.kv.computed_blocks(request)
+            num_cached = hit.num_blocks * self.kv.block_size
             num_new = self.config.chunk(request.num_tokens - num_cached, budget)
-            if not self.kv.allocate_slots(request, num_new, computed):
+            if not self.kv.allocate_slots(request, num_new, hit):
                 break
             self.waiting.remove(request)
             self.stats.prefix_cache_queries += request.num_tokens

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from kvserve.engine import host_allocator
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.core.kv_groups import group_size
 from kvserve.engine.core.request import Request
 from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.device_copy import to_device
@@ -22,9 +23,11 @@ from kvserve.engine.execution_plan import ExecutionPlan
 from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
 from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
+from kvserve.engine.layers.linear_attention.metadata import StateMetadata
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.lora.lora_slots import LoRASlots
 from kvserve.engine.lora.peft_adapter import LoRAAdapter
+from kvserve.engine.models.decoder import StepMetadata
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.sampling_params import SamplingParams
@@ -38,7 +41,7 @@ class StepInputs:
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    meta: AttentionMetadata
+    meta: StepMetadata
     logits_indices: torch.Tensor  # rows whose logits are sampled, one per sampling request
     every_row: bool  # logits_indices are all the rows, in order (as in a decode-only step)
     lora_rows: np.ndarray | None = None  # each row's LoRA slot (-1: base model); None: none
@@ -48,7 +51,9 @@ class StepInputs:
 
 class ModelRunner:
     """Loads the model (rank ``tp.rank``'s shard of it), owns that rank's part of the paged
-    KV cache (``tp.kv_heads`` of every block) and runs each step's batch, as ``plan`` says;
+    KV cache (``tp.kv_heads`` of every block) and of the linear-attention layers' state slots
+    (``kv_caches[layer]`` of such a layer is its ``(conv_state, ssm_state)``), and runs each
+    step's batch, as ``plan`` says;
     ``self.plan`` is that plan with its KV blocks measured where they had to be (on several
     ranks, the fewest any rank measured, so that a block id means the same on each).
 
@@ -97,13 +102,26 @@ class ModelRunner:
                 model_config.head_dim,
             )
             kv_dtype = plan.kv_cache_dtype
-            self.kv_caches = [
+            pages = [
                 (
                     torch.zeros(shape, dtype=kv_dtype, device=device),
                     torch.zeros(shape, dtype=kv_dtype, device=device),
                 )
-                for _ in range(model_config.num_layers)
+                for _ in range(group_size(plan.kv_groups))
             ]
+            # a group's i-th layer keeps its keys and values in the i-th tensor pair
+            self.kv_caches = [pages[0]] * model_config.num_layers
+            self.layer_groups = [0] * model_config.num_layers
+            for index, group in enumerate(plan.kv_groups):
+                for position, layer in enumerate(group.layers):
+                    self.kv_caches[layer] = pages[position]
+                    self.layer_groups[layer] = index
+            self.linear_layers = model_config.linear_layers
+            if plan.num_state_slots:
+                assert model_config.gated_delta_net is not None
+                spec = model_config.gated_delta_net.state_spec(tp.size, dtype)
+                for layer in self.linear_layers:
+                    self.kv_caches[layer] = spec.allocate(plan.num_state_slots, device)
         if device.type == "cpu":
             host_allocator.keep_step_memory()
         self.forward: Callable[..., torch.Tensor] = self.model
@@ -134,26 +152,33 @@ class ModelRunner:
         which a request overwrites before it reads them. Every rank builds this step itself
         (it is the same on each), so the ranks' first collectives meet without the executor."""
         request = Request("warmup", [0], SamplingParams(max_tokens=1))
-        request.block_ids = [0]
+        request.block_tables = [[0] for _ in self.plan.kv_groups]
+        request.num_skipped_blocks = [0] * len(self.plan.kv_groups)
+        request.state_slot = 0 if self.plan.num_state_slots else None
         out = SchedulerOutput()
         out.add(request, 1)
         self.run(self.prepare(out))
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
+        """The step's inputs; a model of several KV groups gets one ``AttentionMetadata``
+        per layer (its group's block tables and slots, the rest shared), and one with
+        linear-attention layers a ``StateMetadata`` for those (each request's state slot)."""
         bs = self.plan.block_size
+        num_groups = len(self.plan.kv_groups)
         ids: list[int] = []
-        positions, slots, query_lens, seq_lens = [], [], [], []
-        tables = np.zeros(
-            (len(out.scheduled), max(len(r.block_ids) for r, _ in out.scheduled)), dtype=np.int32
-        )
+        positions, query_lens, seq_lens = [], [], []
+        slots: list[list[np.ndarray]] = [[] for _ in range(num_groups)]
+        width = max(len(r.block_ids) for r, _ in out.scheduled)
+        tables = np.zeros((num_groups, len(out.scheduled), width), dtype=np.int32)
         for row, (request, num_new) in enumerate(out.scheduled):
             start = request.num_computed_tokens
             ids.extend(request.all_token_ids[start : start + num_new])
-            table = np.asarray(request.block_ids, dtype=np.int64)
             pos = np.arange(start, start + num_new)
             positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            tables[row, : len(table)] = table
+            for group, block_ids in enumerate(request.block_tables):
+                table = np.asarray(block_ids, dtype=np.int64)
+                slots[group].append(table[pos // bs] * bs + pos % bs)
+                tables[group, row, : len(table)] = table
             query_lens.append(num_new)
             seq_lens.append(start + num_new)
         ends = np.cumsum(query_lens)
@@ -172,16 +197,28 @@ class ModelRunner:
         lora_fills: list[tuple[int, LoRAAdapter]] = []
         if self.lora is not None:
             lora_rows, lora_fills = self._lora_rows(out)
-        meta = AttentionMetadata(
-            slot_mapping=to_device(np.concatenate(slots), dev),
-            query_start_loc=to_device(np.concatenate([[0], ends]), dev, torch.int32),
-            seq_lens=to_device(seq_lens, dev, torch.int32),
-            block_tables=to_device(tables, dev),
-            query_lens_host=query_lens,
-            seq_lens_host=seq_lens,
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-        )
+        query_start_loc = to_device(np.concatenate([[0], ends]), dev, torch.int32)
+        seq_lens_dev = to_device(seq_lens, dev, torch.int32)
+        metas = [
+            AttentionMetadata(
+                slot_mapping=to_device(np.concatenate(slots[group]), dev),
+                query_start_loc=query_start_loc,
+                seq_lens=seq_lens_dev,
+                block_tables=to_device(tables[group], dev),
+                query_lens_host=query_lens,
+                seq_lens_host=seq_lens,
+                max_query_len=max(query_lens),
+                max_seq_len=max(seq_lens),
+            )
+            for group in range(num_groups)
+        ]
+        meta: StepMetadata = metas[0]
+        if num_groups > 1 or self.linear_layers:
+            meta = [metas[g] for g in self.layer_groups]
+            if self.linear_layers:
+                state = self._state_metadata(out, query_start_loc, [0, *ends.tolist()])
+                for layer in self.linear_layers:
+                    meta[layer] = state
         return StepInputs(
             input_ids=to_device(ids, dev, torch.long),
             positions=to_device(np.concatenate(positions), dev),
@@ -208,6 +245,25 @@ class ModelRunner:
                 for r, n in out.scheduled
             ]
         ), fills
+
+    def _state_metadata(
+        self, out: SchedulerOutput, query_start_loc: torch.Tensor, starts: list[int]
+    ) -> StateMetadata:
+        """Each scheduled request's state slot, and whether it holds a state already."""
+        dev = self.plan.device
+        slots = [r.state_slot for r, _ in out.scheduled]
+        if None in slots:
+            raise RuntimeError(
+                "a request of a linear-attention model was scheduled without a state slot"
+            )
+        return StateMetadata(
+            query_start_loc=query_start_loc,
+            state_slots=to_device(slots, dev, torch.int32),
+            has_initial_state=to_device(
+                [r.num_computed_tokens > 0 for r, _ in out.scheduled], dev, torch.bool
+            ),
+            query_start_loc_host=starts,
+        )
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Prepare and run the step (one rank: the whole of it); see ``run``."""

@@ -13,6 +13,7 @@ PR_SET_PDEATHSIG would fire when the *thread* that started the worker ends, and 
 is built on a thread that ends once it is built: see ``engine_builder.build_engine``.)
 """
 
+import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -89,12 +90,16 @@ def _build(spec: WorkerSpec) -> ModelRunner:
 
 
 def _to(inputs: StepInputs, device: torch.device) -> StepInputs:
-    """The step's tensors on this rank's device (on a CPU: as they came)."""
+    """The step's tensors on this rank's device (on a CPU: as they came). A per-layer
+    metadata list repeats each group's object: each is moved once and stays shared."""
     if device.type == "cpu":
         return inputs
-    meta = inputs.meta
-    for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
-        setattr(meta, name, getattr(meta, name).to(device, non_blocking=True))
+    metas = inputs.meta if isinstance(inputs.meta, list) else [inputs.meta]
+    for meta in {id(m): m for m in metas}.values():
+        for field in dataclasses.fields(meta):
+            value = getattr(meta, field.name)
+            if isinstance(value, torch.Tensor):
+                setattr(meta, field.name, value.to(device, non_blocking=True))
     inputs.input_ids = inputs.input_ids.to(device, non_blocking=True)
     inputs.positions = inputs.positions.to(device, non_blocking=True)
     inputs.logits_indices = inputs.logits_indices.to(device, non_blocking=True)

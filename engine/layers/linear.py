@@ -335,7 +335,9 @@ class MergedColumnParallelLinear(LinearBase):
 class QKVParallelLinear(LinearBase):
     """q, k and v in one matmul, ``[q | k | v]`` of this rank's heads: ``num_heads / size``
     query heads and ``tp.kv_heads(num_kv_heads)`` kv heads (a share, or the one head this
-    rank's query heads use when there are fewer kv heads than ranks)."""
+    rank's query heads use when there are fewer kv heads than ranks). With ``output_gate``
+    (Qwen3-Next, Qwen3.5) each query head is ``[q | gate]``, ``2 * head_dim`` rows of q_proj,
+    and ``q_size`` counts both."""
 
     def __init__(
         self,
@@ -346,6 +348,7 @@ class QKVParallelLinear(LinearBase):
         bias: bool,
         tp: TensorParallel,
         method: LinearMethod | None = None,
+        output_gate: bool = False,
     ) -> None:
         self.num_heads = divide(num_heads, tp.size, "query heads")
         self.num_kv_heads = tp.kv_heads(num_kv_heads)
@@ -355,7 +358,8 @@ class QKVParallelLinear(LinearBase):
             self.kv_head_start = tp.rank * self.num_kv_heads
         else:
             self.kv_head_start = tp.rank * num_kv_heads // tp.size
-        self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        q_rows = 2 * head_dim if output_gate else head_dim
+        self.q_size, self.kv_size = self.num_heads * q_rows, self.num_kv_heads * head_dim
         super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias, tp, method)
         for param in self.parameters():
             set_shard_ids(param, {"q", "k", "v"})

@@ -1,5 +1,5 @@
-"""Rotary position embeddings as a cos/sin table: default, linear, llama3, yarn and
-longrope frequencies, computed as transformers' rope init functions compute them."""
+"""Rotary position embeddings as a cos/sin table: default, linear, llama3, yarn, longrope
+and proportional frequencies, computed as transformers' rope init functions compute them."""
 
 import math
 from typing import TYPE_CHECKING
@@ -19,6 +19,9 @@ def inverse_frequencies(rope: "RopeConfig", head_dim: int, long: bool = False) -
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.rope_type == "linear":
         return inv_freq / rope.factor
+    if rope.rope_type == "proportional":
+        rotated = int(rope.partial_rotary_factor * head_dim // 2)
+        return torch.cat([inv_freq[:rotated], torch.zeros(head_dim // 2 - rotated)]) / rope.factor
     if rope.rope_type == "llama3":
         return _llama3(rope, inv_freq)
     if rope.rope_type == "yarn":
@@ -98,21 +101,27 @@ class RotaryEmbedding(torch.nn.Module):
 
     longrope: a position at or past ``original_max_position_embeddings`` turns by the long
     factors, an earlier one by the short, so a key once cached never needs turning again
-    (transformers switches every position of a sequence once it grows past that length)."""
+    (transformers switches every position of a sequence once it grows past that length).
+
+    With a ``partial_rotary_factor`` below 1 (but for proportional RoPE, whose frequencies
+    span the head), only each head's first ``rotary_dim`` dimensions turn (as a head of that
+    size would); the rest pass unchanged."""
 
     def __init__(self, rope: "RopeConfig", head_dim: int, max_positions: int) -> None:
         super().__init__()
         self.rope = rope
         self.head_dim = head_dim
+        proportional = rope.rope_type == "proportional"  # its frequencies span the head
+        self.rotary_dim = head_dim if proportional else int(head_dim * rope.partial_rotary_factor)
         self.max_positions = max_positions
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
 
     def build(self, dtype: torch.dtype, device: torch.device) -> None:
         """Fill the table in fp32, then store it in the activations' dtype."""
         positions = torch.arange(self.max_positions, dtype=torch.float32)[:, None]
-        freqs = positions * inverse_frequencies(self.rope, self.head_dim)[None, :]
+        freqs = positions * inverse_frequencies(self.rope, self.rotary_dim)[None, :]
         if self.rope.rope_type == "longrope":
-            long = positions * inverse_frequencies(self.rope, self.head_dim, long=True)[None, :]
+            long = positions * inverse_frequencies(self.rope, self.rotary_dim, long=True)[None, :]
             past = positions >= self.rope.original_max_position_embeddings
             freqs = torch.where(past, long, freqs)
         angles = torch.cat([freqs, freqs], dim=-1)
@@ -121,4 +130,10 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """``q`` and ``k`` rotated; on a CPU in place (see ``fused_ops.rope``)."""
-        return fused_ops.rope(positions, q, k, self.cos_sin)
+        if self.rotary_dim == self.head_dim:
+            return fused_ops.rope(positions, q, k, self.cos_sin)
+        dim = self.rotary_dim
+        q_rot, k_rot = fused_ops.rope(
+            positions, q[..., :dim].contiguous(), k[..., :dim].contiguous(), self.cos_sin
+        )
+        return torch.cat([q_rot, q[..., dim:]], -1), torch.cat([k_rot, k[..., dim:]], -1)

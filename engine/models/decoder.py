@@ -23,13 +23,18 @@ from kvserve.engine.layers.attention.layer import Attention, KVCache
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.layernorm import RMSNorm
 from kvserve.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from kvserve.engine.layers.linear_attention.metadata import StateMetadata
 from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.quantization.linear_methods import linear_method
 
-__all__ = ["DecoderLM", "KVCache", "Switches"]
+__all__ = ["DecoderLM", "KVCache", "StepMetadata", "Switches"]
+
+StepMetadata = AttentionMetadata | list[AttentionMetadata | StateMetadata]
+"""A step's layout for the layers: one ``AttentionMetadata`` for every layer, or each
+layer's (several KV groups; a linear-attention layer's ``StateMetadata``)."""
 
 
 @dataclass(frozen=True)
@@ -202,12 +207,17 @@ class DecoderLM(nn.Module):
         maps the dense names (q/k/v, gate/up) itself."""
         return {}
 
+    def checkpoint_name(self, name: str) -> str | None:
+        """A checkpoint tensor's name as a text-only checkpoint spells it (``model.layers.3
+        ...``); None for a tensor this model does not take (another modality's)."""
+        return name
+
     def forward(
         self,
         input_ids,
         positions,
         kv_caches: list[KVCache],
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The last layer's hidden states of every row, or of rows ``out_rows`` alone (in
@@ -225,17 +235,22 @@ class DecoderLM(nn.Module):
         hidden: torch.Tensor,
         positions,
         kv_caches: list[KVCache],
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         out_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward`` from the embedded tokens ``hidden`` (which become the residual
+        """``meta``: the step's, or each layer's (a model of several KV groups; a
+        linear-attention layer's ``StateMetadata``, its ``kv_caches`` entry its state
+        tensors). ``forward``
+        from the embedded tokens ``hidden`` (which become the residual
         stream's buffer, updated in place) to the last layer's (hidden, residual), whose sum
         is ``forward``'s result."""
         residual = None
         last = len(self.layers) - 1
-        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+        metas: list[Any] = meta if isinstance(meta, list) else [meta] * len(self.layers)
+        layers = zip(self.layers, kv_caches, metas, strict=True)
+        for i, (layer, kv_cache, layer_meta) in enumerate(layers):
             rows = out_rows if i == last else None
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta, rows)
+            hidden, residual = layer(positions, hidden, residual, kv_cache, layer_meta, rows)
         assert residual is not None  # config.json names at least one layer
         return hidden, residual
 

@@ -167,9 +167,9 @@ class GGUFTensors:
         self.path = path
         reader = GGUFReader(path)
         self.arch = _architecture(reader, path)
-        self.heads = reader.get_field(f"{self.arch}.attention.head_count").contents()
-        kv_heads = reader.get_field(f"{self.arch}.attention.head_count_kv")
-        self.kv_heads = self.heads if kv_heads is None else kv_heads.contents()
+        # present: the config (``gguf_config``) read the same fields first and named a missing one
+        self.heads = _field(reader, f"{self.arch}.attention.head_count")
+        self.kv_heads = _field(reader, f"{self.arch}.attention.head_count_kv", self.heads)
         self.tensors: dict[str, ReaderTensor] = {}
         for tensor in reader.tensors:
             if tensor.tensor_type not in TYPES:

@@ -36,8 +36,9 @@ class GptOssMoeBlock(nn.Module):
         self.routing = TopKSoftmax(moe.top_k)
         self.router = ReplicatedLinear(cfg.hidden_size, moe.num_experts, True, tp)
         self.experts = FusedMoE(
-            moe.num_experts, cfg.hidden_size, moe.intermediate_size, tp, activation="swigluoai",
-            bias=True, layout=stacked_layout(cfg.quantization),
+            moe.num_experts, cfg.hidden_size, moe.intermediate_size, tp,
+            what=moe.intermediate_name, activation="swigluoai", bias=True,
+            layout=stacked_layout(cfg.quantization),
         )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

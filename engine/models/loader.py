@@ -19,6 +19,7 @@ from kvserve.engine.layers.linear import (
     shape_of,
 )
 from kvserve.engine.layers.moe.fused_moe import FusedMoE
+from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models import registry
 from kvserve.engine.models.decoder import DecoderLM
@@ -92,8 +93,11 @@ def load_model(
             for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if _IGNORED.match(name):
                     continue
-                has_lm_head |= name == "lm_head.weight"
-                target, shard_id = _target(name, tensors)
+                ours = model.checkpoint_name(name)
+                if ours is None:
+                    continue
+                has_lm_head |= ours == "lm_head.weight"
+                target, shard_id = _target(ours, tensors)
                 target, transform = renames.get(target, (target, None))
                 param = params.get(target)
                 if param is None:
@@ -124,10 +128,11 @@ def load_model(
     ]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(missing[:5])}")
-    model.rotary.build(dtype, device)
     kernels = "triton" if backend.name == "triton" else "cpu-packed" if packed else "torch"
     for module in model.modules():
-        if isinstance(module, LinearBase):
+        if isinstance(module, RotaryEmbedding):
+            module.build(dtype, device)
+        elif isinstance(module, LinearBase):
             module.method.process_weights_after_loading(module, kernels)
         elif isinstance(module, FusedMoE):
             module.process_weights_after_loading(kernels)

@@ -4,8 +4,18 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
+from kvserve.engine.layers.linear_attention.config import GatedDeltaNetConfig
 from kvserve.engine.models import registry
+from kvserve.engine.models.gemma_config import (
+    GEMMA_FAMILIES,
+    MULTIMODAL,
+    GemmaConfig,
+    gemma4_defaults,
+    global_rope_config,
+    language_model_config,
+)
 from kvserve.engine.models.gguf_checkpoint import gguf_config, gguf_file
 from kvserve.engine.models.moe_config import MoEConfig
 from kvserve.engine.quantization.config import QuantConfig, read_quant_config
@@ -19,7 +29,11 @@ class RopeConfig:
     ``low_freq_factor``/``high_freq_factor`` are llama3's; ``beta_fast``/``beta_slow``,
     ``truncate``, ``mscale``/``mscale_all_dim`` yarn's; ``short_factor``/``long_factor``
     longrope's (one per rotated pair). ``attention_factor``: the cos/sin scale a config
-    states; None lets yarn and longrope derive theirs from ``factor``."""
+    states; None lets yarn and longrope derive theirs from ``factor``.
+    ``partial_rotary_factor``: the share of each head that turns. Proportional's (Gemma 4):
+    the share of the head's pairs that rotate, the rest keep frequency 0; any other type's
+    (Qwen3-Next, Qwen3.5: 0.25): the head's leading dimensions turn as a head of that size
+    would, the rest pass unrotated."""
 
     theta: float = 10000.0
     rope_type: str = "default"
@@ -35,9 +49,10 @@ class RopeConfig:
     attention_factor: float | None = None
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
+    partial_rotary_factor: float = 1.0
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,13 @@ class ModelConfig:
     """Each layer's sliding window (None: full attention), for families whose
     ``layer_types`` alternate (``PER_LAYER_WINDOWS``): the windows live in the layers and
     ``sliding_window`` is None, so they do not cap the context. Empty: no per-layer window."""
+    gemma: GemmaConfig | None = None
+    """A Gemma family's own settings; None for the others."""
+    linear_layers: tuple[int, ...] = ()
+    """The Gated DeltaNet layers (``layer_types``' ``linear_attention``) of a
+    ``HYBRID_FAMILIES`` model; the others are full attention."""
+    gated_delta_net: GatedDeltaNetConfig | None = None
+    """Those layers' shape; None without them."""
 
     @classmethod
     def from_dir(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -91,8 +113,13 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict, extra_eos: tuple[int, ...] = ()) -> "ModelConfig":
         architecture = (raw.get("architectures") or ["?"])[0]
+        if architecture in MULTIMODAL:
+            raw = language_model_config(raw)
         family = registry.family(architecture)
-        if raw.get("hidden_act", "silu") != "silu":
+        if family == "gemma4":
+            raw = gemma4_defaults(raw)
+        gemma = GemmaConfig.from_dict(raw, family)
+        if gemma is None and raw.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; only silu")
         if raw.get("mlp_bias"):
             raise ValueError("mlp_bias is not supported")
@@ -104,19 +131,28 @@ class ModelConfig:
         if family in PER_LAYER_WINDOWS:
             windows = _layer_windows(raw, sliding)
             sliding = None
+        elif sliding and family in GLOBAL_WINDOWS:
+            windows = _layer_windows(
+                {**raw, "layer_types": _global_layer_types(raw, family)}, sliding
+            )
+            sliding = None
         return cls(
             architecture=architecture,
             family=family,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
+            intermediate_size=(
+                raw.get("intermediate_size", 0)
+                if family in EXPERTS_ONLY
+                else raw["intermediate_size"]
+            ),
             num_layers=raw["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=raw.get("num_key_value_heads") or num_heads,
             head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            rope=_rope(raw),
+            rope=_rope(global_rope_config(raw) if gemma else raw),
             attention_bias=bool(raw.get("attention_bias", False)),
             tie_word_embeddings=raw.get("tie_word_embeddings"),
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
@@ -124,12 +160,70 @@ class ModelConfig:
             sliding_window=sliding,
             moe=MoEConfig.from_dict(raw, family),
             layer_windows=windows,
+            gemma=gemma,
+            linear_layers=_linear_layers(raw) if family in HYBRID_FAMILIES else (),
+            gated_delta_net=_gated_delta_net(raw, family),
         )
 
 
-PER_LAYER_WINDOWS = ("gpt_oss",)
+EXPERTS_ONLY = ("qwen3_5_moe",)
+"""Families whose every layer has the MoE block: config.json may name no dense
+``intermediate_size`` (0 then; no layer reads it)."""
+HYBRID_FAMILIES = {"qwen3_next": "qwen3_next", "qwen3_5": "qwen3_5", "qwen3_5_moe": "qwen3_5"}
+"""Families of Gated DeltaNet and full-attention layers → their DeltaNets' checkpoint layout."""
+
+
+LINEAR_FIELDS = (
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim",
+)  # fmt: skip
+
+
+def _gated_delta_net(raw: dict, family: str) -> GatedDeltaNetConfig | None:
+    """A ``HYBRID_FAMILIES`` model's Gated DeltaNet shape; a ValueError naming the
+    ``linear_*`` fields config.json lacks."""
+    if family not in HYBRID_FAMILIES:
+        return None
+    missing = [name for name in LINEAR_FIELDS if name not in raw]
+    if missing:
+        raise ValueError(f"config.json of a {family} model lacks {', '.join(missing)}")
+    return GatedDeltaNetConfig.from_hf(SimpleNamespace(**raw), HYBRID_FAMILIES[family])
+
+
+def _linear_layers(raw: dict) -> tuple[int, ...]:
+    """``layer_types``, or transformers' default: every ``full_attention_interval``-th layer
+    full attention, the rest linear."""
+    count, interval = raw["num_hidden_layers"], raw.get("full_attention_interval", 4)
+    default = [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(count)
+    ]
+    types = raw.get("layer_types") or default
+    kinds = ("full_attention", "linear_attention")
+    if not isinstance(types, list) or len(types) != count or not set(types) <= set(kinds):
+        raise ValueError(
+            f"layer_types must list one of {kinds} for each of the {count} layers "
+            f"(num_hidden_layers), got {types!r}"
+        )
+    return tuple(i for i, kind in enumerate(types) if kind == "linear_attention")
+
+
+PER_LAYER_WINDOWS = ("gpt_oss", *GEMMA_FAMILIES)
 """Families whose ``layer_types`` give each layer full or sliding-window attention."""
 LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+GLOBAL_WINDOWS = ("mistral", "qwen2")
+"""Families whose one ``sliding_window`` is every layer's (Mistral), or, with
+``use_sliding_window``, that of the layers from ``max_window_layers`` on (Qwen2)."""
+
+
+def _global_layer_types(raw: dict, family: str) -> list[str]:
+    """``layer_types`` as transformers derives them for a ``GLOBAL_WINDOWS`` family."""
+    count = raw["num_hidden_layers"]
+    if "layer_types" in raw:
+        return raw["layer_types"]
+    first = raw.get("max_window_layers", 28) if family == "qwen2" else 0
+    return ["sliding_attention" if i >= first else "full_attention" for i in range(count)]
 
 
 def _layer_windows(raw: dict, sliding: int | None) -> tuple[int | None, ...]:
@@ -166,6 +260,18 @@ def _generation_eos(path: Path) -> tuple[int, ...]:
 
 
 def _rope(raw: dict) -> RopeConfig:
+    """``_rope_type``'s frequencies, turning ``partial_rotary_factor`` of each head (config.json
+    gives it in ``rope_parameters`` or at the top level; proportional RoPE reads its own)."""
+    params = {**(raw.get("rope_scaling") or {}), **(raw.get("rope_parameters") or {})}
+    if params.get("rope_type") == "proportional":
+        return _rope_type(raw)
+    factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if not 0 < factor <= 1:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {factor!r}")
+    return dataclasses.replace(_rope_type(raw), partial_rotary_factor=factor)
+
+
+def _rope_type(raw: dict) -> RopeConfig:
     """Reads both spellings: transformers 5's ``rope_parameters`` and the older
     top-level ``rope_theta`` with an optional ``rope_scaling``; a missing
     ``original_max_position_embeddings`` is the top-level one (Phi-3's spelling), then
@@ -180,6 +286,18 @@ def _rope(raw: dict) -> RopeConfig:
         return RopeConfig(theta=theta)
     if rope_type == "linear":
         return RopeConfig(theta=theta, rope_type="linear", factor=_rope_param(params, "factor"))
+    if rope_type == "proportional":
+        share = params.get("partial_rotary_factor", 1.0)
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(
+                f"rope_parameters.partial_rotary_factor must be in [0, 1], got {share}"
+            )
+        return RopeConfig(
+            theta=theta,
+            rope_type="proportional",
+            factor=params.get("factor", 1.0),
+            partial_rotary_factor=share,
+        )
     max_positions = raw.get("max_position_embeddings", 2048)
     original = raw.get(
         "original_max_position_embeddings",

@@ -52,7 +52,9 @@ class SparseMoeBlock(nn.Module):
         self.routing = routing
         gate = linear_method(quant, [f"{prefix}.gate"])
         self.gate = ReplicatedLinear(cfg.hidden_size, moe.num_experts, False, tp, gate)
-        self.experts = FusedMoE(moe.num_experts, cfg.hidden_size, moe.intermediate_size, tp)
+        self.experts = FusedMoE(
+            moe.num_experts, cfg.hidden_size, moe.intermediate_size, tp, what=moe.intermediate_name
+        )
         self.shared_expert: MLP | None = None
         self.shared_expert_gate: ReplicatedLinear | None = None
         if moe.shared_expert_intermediate_size is not None:

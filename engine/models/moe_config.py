@@ -24,6 +24,8 @@ class MoEConfig:
     shared_expert_intermediate_size: int | None = None
     """``shared_expert_intermediate_size`` (Qwen2-MoE): a dense MLP every token goes through
     too, scaled by ``sigmoid(shared_expert_gate(x))``; None: no shared expert."""
+    intermediate_name: str = "moe_intermediate_size"
+    """config.json's name of ``intermediate_size``, for errors."""
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -55,6 +57,7 @@ class MoEConfig:
             decoder_sparse_step=raw.get("decoder_sparse_step") or 1,
             mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
             shared_expert_intermediate_size=raw.get("shared_expert_intermediate_size") or None,
+            intermediate_name="intermediate_size" if mixtral else "moe_intermediate_size",
         )
 
 

@@ -17,6 +17,18 @@ MODELS: dict[str, tuple[str, str]] = {
     "Qwen3MoeForCausalLM": ("qwen3_moe", "qwen3_moe.Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "mixtral.MixtralForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "gpt_oss.GptOssForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma3", "gemma3.Gemma3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": ("gemma3", "gemma3.Gemma3ForConditionalGeneration"),
+    "Gemma4ForCausalLM": ("gemma4", "gemma4.Gemma4ForCausalLM"),
+    "Gemma4ForConditionalGeneration": ("gemma4", "gemma4.Gemma4ForConditionalGeneration"),
+    "Qwen3NextForCausalLM": ("qwen3_next", "qwen3_next.Qwen3NextForCausalLM"),
+    "Qwen3_5ForCausalLM": ("qwen3_5", "qwen3_5.Qwen3_5ForCausalLM"),
+    "Qwen3_5ForConditionalGeneration": ("qwen3_5", "qwen3_5.Qwen3_5ForConditionalGeneration"),
+    "Qwen3_5MoeForCausalLM": ("qwen3_5_moe", "qwen3_5_moe.Qwen3_5MoeForCausalLM"),
+    "Qwen3_5MoeForConditionalGeneration": (
+        "qwen3_5_moe",
+        "qwen3_5_moe.Qwen3_5MoeForConditionalGeneration",
+    ),
 }
 
 

@@ -129,6 +129,25 @@ class ChatCompletionRequest(SamplingBody):
 
     @model_validator(mode="before")
     @classmethod
+    def _check_content_parts(cls, data: Any) -> Any:
+        """A content part that is not text (an image, audio, a file) is a 400 naming it: the
+        engine serves text models (of an image-text checkpoint, its language model)."""
+        messages = data.get("messages") if isinstance(data, dict) else None
+        for i, message in enumerate(messages if isinstance(messages, list) else []):
+            content = message.get("content") if isinstance(message, dict) else None
+            for j, part in enumerate(content if isinstance(content, list) else []):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    where = f"messages.{i}.content.{j}"
+                    raise bad_request(
+                        f"{where}: content parts of type {kind!r} are not supported; this "
+                        "server takes text only",
+                        where,
+                    )
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _check_tool_choice_shape(cls, data: Any) -> Any:
         """vLLM's messages for a ``tool_choice`` that is neither a mode nor a named function."""
         choice = data.get("tool_choice") if isinstance(data, dict) else None

@@ -6,6 +6,7 @@ projection (row-parallel: one all-reduce)."""
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kvserve.engine.layers.attention.backend import AttentionBackend
@@ -39,6 +40,7 @@ class Attention(nn.Module):
         qkv_bias: bool,
         o_bias: bool,
         qk_norm_eps: float | None,
+        v_norm_eps: float | None = None,
         rotary: RotaryEmbedding,
         backend: AttentionBackend,
         tp: TensorParallel,
@@ -48,22 +50,27 @@ class Attention(nn.Module):
         sinks: bool = False,
         softcap: float | None = None,
         scale: float | None = None,
+        output_gate: bool = False,
     ) -> None:
         """``qk_norm_eps``: the epsilon of RMSNorms on each q and k head (Qwen3), or None;
+        ``v_norm_eps``: that of an RMSNorm without weight on each v head (Gemma 4), or None;
         ``*_method``: the projections' weight methods (None: unquantized).
         ``sliding_window``, ``softcap``: this layer's window and logit soft-cap, as
         ``AttentionBackend.attend`` takes them (None: none); ``sinks``: the layer has
         learned attention sinks, a parameter ``sinks`` (checkpoint ``self_attn.sinks``)
         of one logit per query head, split over the ranks as the query heads are;
-        ``scale``: the softmax scale (None: ``head_dim**-0.5``)."""
+        ``scale``: the softmax scale (None: ``head_dim**-0.5``); ``output_gate``: q_proj
+        also gives each head a gate, and the head's output is multiplied by its sigmoid
+        before the output projection (Qwen3-Next, Qwen3.5)."""
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"a sliding window must be at least 1 token, got {sliding_window}")
         if softcap is not None and not softcap > 0:
             raise ValueError(f"an attention logit soft-cap must be positive, got {softcap}")
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
-            hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp, qkv_method
+            hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp, qkv_method, output_gate
         )
+        self.output_gate = output_gate
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
@@ -76,6 +83,7 @@ class Attention(nn.Module):
                 RMSNorm(head_dim, qk_norm_eps),
                 RMSNorm(head_dim, qk_norm_eps),
             )
+        self.v_norm_eps = v_norm_eps
         self.rotary = rotary
         self.backend = backend
         self.scale = head_dim**-0.5 if scale is None else scale
@@ -128,11 +136,17 @@ class Attention(nn.Module):
         """Every row's key and value go to the cache; the output is that of every row, or
         of rows ``out_rows`` alone (the output projection runs on them only)."""
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        gate = None
+        if self.output_gate:
+            q, gate = q.view(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            q = q.contiguous()
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm_eps is not None:
+            v = F.rms_norm(v, (self.head_dim,), eps=self.v_norm_eps)
         q, k = self.rotary(positions, q, k)
         key_cache, value_cache = kv_cache
         scales = self.kv_scales
@@ -148,4 +162,6 @@ class Attention(nn.Module):
             sinks=self.sinks,
             softcap=self.softcap,
         )
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
         return self.o_proj((out if out_rows is None else out[out_rows]).flatten(1))

@@ -3,6 +3,10 @@
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from kvserve.engine.layers.linear_attention.metadata import StateSpec
+
 
 @dataclass(frozen=True)
 class GatedDeltaNetConfig:
@@ -36,6 +40,15 @@ class GatedDeltaNetConfig:
     def conv_dim(self) -> int:
         """Channels of the convolution: q, k and v of every head."""
         return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+    def state_spec(self, tp_size: int, dtype: torch.dtype) -> StateSpec:
+        """One layer's state per sequence on each of ``tp_size`` ranks, in a model of ``dtype``
+        (the heads split by key head)."""
+        return StateSpec(
+            conv_shape=(self.conv_dim // tp_size, self.conv_kernel - 1),
+            ssm_shape=(self.num_v_heads // tp_size, self.head_k_dim, self.head_v_dim),
+            conv_dtype=dtype,
+        )
 
     @classmethod
     def from_hf(cls, config: Any, layout: str) -> "GatedDeltaNetConfig":

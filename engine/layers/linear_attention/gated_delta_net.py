@@ -81,11 +81,7 @@ class GatedDeltaNet(nn.Module):
 
     def state_spec(self, dtype: torch.dtype) -> StateSpec:
         """The per-sequence state of this rank for a model in ``dtype``."""
-        return StateSpec(
-            conv_shape=(2 * self.key_dim + self.value_dim, self.cfg.conv_kernel - 1),
-            ssm_shape=(self.num_v_heads, self.cfg.head_k_dim, self.cfg.head_v_dim),
-            conv_dtype=dtype,
-        )
+        return self.cfg.state_spec(self.tp.size, dtype)
 
     def forward(
         self, hidden: torch.Tensor, cache: LinearAttentionCache, meta: StateMetadata

@@ -70,11 +70,13 @@ class FusedMoE(nn.Module):
         intermediate_size: int,
         tp: TensorParallel,
         *,
+        what: str = "moe_intermediate_size",
         activation: str = "silu",
         bias: bool = False,
         layout: str = "experts",
     ) -> None:
-        """``activation``: a key of ``ACTIVATIONS``; ``bias``, ``layout``: see the module."""
+        """``what``: config.json's name of ``intermediate_size``, for errors; ``activation``:
+        a key of ``ACTIVATIONS``; ``bias``, ``layout``: see the module."""
         super().__init__()
         if layout not in LAYOUTS:
             raise ValueError(f"unknown expert layout {layout!r}; one of {LAYOUTS}")
@@ -85,7 +87,8 @@ class FusedMoE(nn.Module):
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.full_intermediate = intermediate_size
-        self.intermediate = divide(intermediate_size, tp.size, "moe_intermediate_size")
+        self.what = what
+        self.intermediate = divide(intermediate_size, tp.size, what)
         self.kernels = "torch"
         self.gate_up_kernels: nn.ModuleList | None = None
         self.down_kernels: nn.ModuleList | None = None
@@ -147,7 +150,7 @@ class FusedMoE(nn.Module):
         if shape_of(loaded) != expected:
             raise ValueError(
                 f"expert {expert}'s {part} must have shape {list(expected)} (hidden_size, "
-                f"moe_intermediate_size), not {list(shape_of(loaded))}"
+                f"{self.what}), not {list(shape_of(loaded))}"
             )
         n, start = self.intermediate, self.tp.rank * self.intermediate
         with torch.no_grad():

@@ -1,0 +1,139 @@
+"""Gemma 4 (text), as transformers 5.23 defines it: Gemma 3's layers (``gemma3.py``) with
+RMSNorm weights taken as they are (not ``1 + weight``), each v head RMSNormed without a
+weight, attention unscaled (scale 1: the q and k norms set it), proportional RoPE on the
+global layers (a share of each head's pairs rotates), each layer's output multiplied by its
+learned ``layer_scalar``, and optionally per-layer input embeddings (PLE: each token brings
+every layer an input of its own, which gates a residual branch after the MLP).
+
+Keys and values shared across layers, keys used as values,
+mixture-of-experts blocks, bidirectional attention and global layers of another head size
+than the sliding ones are refused as the config is read (``gemma_config.GEMMA4_REFUSED``,
+``refuse_gemma4_features``): every layer of a KV page has one shape here.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvserve.engine.layers.attention.backend import AttentionBackend
+from kvserve.engine.layers.attention.layer import KVCache
+from kvserve.engine.layers.attention.metadata import AttentionMetadata
+from kvserve.engine.layers.layernorm import RMSNorm
+from kvserve.engine.layers.linear import ReplicatedLinear
+from kvserve.engine.layers.rotary import RotaryEmbedding
+from kvserve.engine.layers.tensor_parallel import TensorParallel
+from kvserve.engine.layers.vocab_parallel import VocabParallelEmbedding
+from kvserve.engine.models.decoder import StepMetadata
+from kvserve.engine.models.gemma3 import (
+    Gemma3DecoderLayer,
+    Gemma3ForCausalLM,
+    language_model_name,
+)
+from kvserve.engine.models.model_config import ModelConfig
+
+
+class Gemma4DecoderLayer(Gemma3DecoderLayer):
+    PLUS_ONE_NORMS = False
+    V_NORM = True
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        rotary: RotaryEmbedding,
+        window: int | None,
+        backend: AttentionBackend,
+        tp: TensorParallel,
+        prefix: str,
+    ) -> None:
+        super().__init__(cfg, rotary, window, backend, tp, prefix)
+        self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
+        assert cfg.gemma is not None
+        size, hidden = cfg.gemma.per_layer_input_size, cfg.hidden_size
+        if size:
+            self.per_layer_input_gate = ReplicatedLinear(hidden, size, False, tp)
+            self.per_layer_projection = ReplicatedLinear(size, hidden, False, tp)
+            self.post_per_layer_input_norm = RMSNorm(hidden, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        positions,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        out_rows: torch.Tensor | None = None,
+        per_layer_input: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gemma 3's layer, then with ``per_layer_input`` (this layer's, of every row) the
+        PLE branch; its output stream (``hidden + residual``) times ``layer_scalar``."""
+        hidden, stream = super().forward(positions, hidden, residual, kv_cache, meta, out_rows)
+        if per_layer_input is not None:
+            stream = stream + hidden
+            rows = per_layer_input if out_rows is None else per_layer_input[out_rows]
+            gate = F.gelu(self.per_layer_input_gate(stream), approximate="tanh")
+            hidden = self.post_per_layer_input_norm(self.per_layer_projection(gate * rows))
+        return hidden * self.layer_scalar, stream * self.layer_scalar
+
+
+class Gemma4ForCausalLM(Gemma3ForCausalLM):
+    decoder_layer = Gemma4DecoderLayer
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        backend: AttentionBackend,
+        max_positions: int,
+        tp: TensorParallel = TensorParallel(),
+    ) -> None:
+        super().__init__(cfg, backend, max_positions, tp)
+        assert cfg.gemma is not None
+        self.per_layer_input_size = size = cfg.gemma.per_layer_input_size
+        if size:
+            width = cfg.num_layers * size
+            self.embed_tokens_per_layer = VocabParallelEmbedding(
+                cfg.gemma.per_layer_vocab_size, width, tp
+            )
+            self.per_layer_model_projection = ReplicatedLinear(cfg.hidden_size, width, False, tp)
+            self.per_layer_projection_norm = RMSNorm(size, cfg.rms_norm_eps)
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        """Every layer's input of every token, ``[tokens, layers, per_layer_input_size]``:
+        ``(norm(projection(embedded) / sqrt(hidden)) + table[token] * sqrt(size)) / sqrt(2)``."""
+        size, dtype = self.per_layer_input_size, embedded.dtype
+        shape = (-1, len(self.layers), size)
+        table = self.embed_tokens_per_layer(input_ids) * torch.tensor(size**0.5, dtype=dtype)
+        projected = self.per_layer_model_projection(embedded) * self.config.hidden_size**-0.5
+        projected = self.per_layer_projection_norm(projected.view(shape))
+        return (projected + table.view(shape)) * 2.0**-0.5
+
+    def forward(
+        self,
+        input_ids,
+        positions,
+        kv_caches: list[KVCache],
+        meta: StepMetadata,
+        out_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if not self.per_layer_input_size:
+            return super().forward(input_ids, positions, kv_caches, meta, out_rows)
+        hidden = self.embed(input_ids)
+        per_layer = self.per_layer_inputs(input_ids, hidden)
+        residual = None
+        last = len(self.layers) - 1
+        metas = meta if isinstance(meta, list) else [meta] * len(self.layers)
+        layers = zip(self.layers, kv_caches, metas, strict=True)
+        for i, (layer, kv_cache, layer_meta) in enumerate(layers):
+            rows = out_rows if i == last else None
+            hidden, residual = layer(
+                positions, hidden, residual, kv_cache, layer_meta, rows, per_layer[:, i]
+            )
+        assert residual is not None
+        return residual + hidden
+
+
+class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):
+    """The language model of a Gemma 4 checkpoint of several modalities, for text-only
+    serving: the vision and audio towers and their projectors are skipped."""
+
+    def checkpoint_name(self, name: str) -> str | None:
+        return language_model_name(name)

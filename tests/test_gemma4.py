@@ -1,0 +1,146 @@
+"""Gemma 4 (text) gives transformers' greedy tokens in float32, with prompts that cross its
+8-token sliding window, under the default settings and under chunked prefill (chunks that
+split a window) with preemption and prefix caching, the audit of every KV group after every
+step, with per-layer input embeddings too; a config turning on a feature not served is
+refused, naming its field."""
+
+import json
+import random
+
+import pytest
+from test_engine_matches_transformers import MAX_TOKENS, make_prompts, run
+
+from kvserve import SamplingParams
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.models.model_config import ModelConfig, RopeConfig
+
+from gemma_checkpoints import PER_LAYER_INPUTS, WINDOW, build_gemma4, build_gemma4_any_to_text
+from reference import assert_greedy_match, hf_greedy
+
+CHUNKED = dict(block_size=4, max_num_batched_tokens=13, enable_prefix_caching=True)
+SCENARIOS = {
+    "default-settings": dict(),
+    "chunked-prefill-preemption-prefix-cache": CHUNKED | {"num_kv_blocks": 48},
+}
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory):
+    return build_gemma4(tmp_path_factory.mktemp("gemma4"), final_logit_softcapping=15.0)
+
+
+def greedy_matches(path, settings: dict, prompts: list[list[int]]) -> LLMEngine:
+    engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", **settings))
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outputs = run(engine, prompts, params)  # audits every group after every step
+    for prompt, got in zip(prompts, outputs, strict=True):
+        assert_greedy_match(str(path), prompt, hf_greedy(str(path), prompt, MAX_TOKENS), got)
+    return engine
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_greedy_matches_transformers(gemma4, scenario):
+    prompts = make_prompts(seed=52, shared_prefixes=scenario != "default-settings")
+    assert max(map(len, prompts)) > 4 * WINDOW
+    engine = greedy_matches(gemma4, SCENARIOS[scenario], prompts)
+    assert [(g.kind, g.window, g.layers) for g in engine.kv.groups] == [
+        ("full_attention", None, (2,)),
+        ("sliding_attention", WINDOW, (0,)),
+        ("sliding_attention", WINDOW, (1,)),
+    ]
+    if scenario != "default-settings":
+        assert engine.stats.num_preemptions > 0 and engine.stats.prefix_cache_hits > 0
+
+
+@pytest.fixture(scope="module")
+def gemma4_ple(tmp_path_factory):
+    return build_gemma4(tmp_path_factory.mktemp("gemma4-ple"), seed=3, **PER_LAYER_INPUTS)
+
+
+def test_per_layer_input_embeddings_match_transformers(gemma4_ple):
+    cfg = ModelConfig.from_dir(gemma4_ple)
+    assert cfg.gemma is not None
+    assert (cfg.gemma.per_layer_input_size, cfg.gemma.per_layer_vocab_size) == (8, 512)
+    for scenario, settings in SCENARIOS.items():
+        prompts = make_prompts(seed=55, shared_prefixes=scenario != "default-settings")
+        greedy_matches(gemma4_ple, settings, prompts)
+
+
+def test_prompts_of_1_to_200_tokens_match_transformers_in_chunks_that_split_windows(gemma4):
+    rng = random.Random(53)
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 2, 9, 77, 200)]
+    greedy_matches(gemma4, CHUNKED | {"num_kv_blocks": 160}, prompts)
+
+
+def test_a_checkpoint_of_several_modalities_serves_its_language_model(tmp_path):
+    path = build_gemma4_any_to_text(tmp_path / "any-to-text", seed=1)
+    cfg = ModelConfig.from_dir(path)
+    assert (cfg.architecture, cfg.family, cfg.num_layers, cfg.tie_word_embeddings) == (
+        "Gemma4ForConditionalGeneration",
+        "gemma4",
+        3,
+        False,
+    )
+    prompts = make_prompts(seed=54, shared_prefixes=True)
+    greedy_matches(path, SCENARIOS["chunked-prefill-preemption-prefix-cache"], prompts)
+
+
+def test_the_config_reads_gemma4s_layers_and_ropes(gemma4):
+    cfg = ModelConfig.from_dir(gemma4)
+    assert (cfg.architecture, cfg.family, cfg.layer_windows) == (
+        "Gemma4ForCausalLM",
+        "gemma4",
+        (WINDOW, WINDOW, None),
+    )
+    assert cfg.rope == RopeConfig(theta=1e6, rope_type="proportional", partial_rotary_factor=0.5)
+    assert cfg.gemma is not None and cfg.gemma.local_rope_theta == 10_000.0
+    assert (cfg.gemma.query_pre_attn_scalar, cfg.gemma.final_logit_softcapping) == (1.0, 15.0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            dict(num_kv_shared_layers=1),
+            r"^num_kv_shared_layers=1 is not supported \(Gemma 4 keys and values shared across "
+            r"layers\)$",
+        ),
+        (
+            dict(enable_moe_block=True),
+            r"^enable_moe_block=True is not supported \(Gemma 4 mixture-of-experts blocks\)$",
+        ),
+        (
+            dict(attention_k_eq_v=True),
+            r"^attention_k_eq_v=True is not supported \(Gemma 4 keys used as values\)$",
+        ),
+        (
+            dict(use_bidirectional_attention="all"),
+            r"^use_bidirectional_attention='all' is not supported \(Gemma 4 bidirectional "
+            r"attention\)$",
+        ),
+        (dict(global_head_dim=32), r"another head size or kv head count \(global_head_dim: "),
+        (
+            dict(per_layer_config={"2": {"head_dim": 32}}),
+            r"another head size .* \(per_layer_config\[2\]: \{'head_dim': 32\}\) than "
+            r"head_dim=16, num_key_value_heads=2",
+        ),
+    ],
+)
+def test_a_feature_not_served_is_refused_naming_its_field(gemma4, fields, message):
+    raw = json.loads((gemma4 / "config.json").read_text())
+    raw = {k: v for k, v in raw.items() if k != "per_layer_config"} | {"global_head_dim": 16}
+    ModelConfig.from_dict(raw)  # served as it is
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_dict({**raw, **fields})
+
+
+def test_a_config_without_layer_types_gets_transformers_pattern_last_layer_full():
+    raw = dict(
+        architectures=["Gemma4ForCausalLM"], vocab_size=512, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        global_head_dim=16, hidden_size_per_layer_input=0, sliding_window=WINDOW,
+    )  # fmt: skip
+    cfg = ModelConfig.from_dict(raw)
+    assert cfg.layer_windows == (WINDOW,) * 5 + (None, None)
+    assert cfg.rope == RopeConfig(theta=1e6, rope_type="proportional", partial_rotary_factor=0.25)
