@@ -15,12 +15,12 @@ TOKENS = list(range(100, 113))  # three full blocks of 4 and one token
 def cached(kv: KVCacheManager, lora: LoRAAdapter | None):
     request = make_request(tokens=TOKENS)
     request.lora = lora
-    hits = kv.computed_blocks(request)
-    assert kv.allocate_slots(request, request.num_tokens, hits)
+    hit = kv.computed_blocks(request)
+    assert kv.allocate_slots(request, request.num_tokens - hit.num_blocks * 4, hit)
     request.num_computed_tokens = request.num_tokens
     kv.cache_computed_blocks(request)
     kv.free(request)
-    return [b.block_id for b in hits], request
+    return [b.block_id for b in hit.blocks[0]], request
 
 
 def test_two_adapters_and_the_base_model_never_share_a_block():
