@@ -21,8 +21,10 @@ from typing import Any
 
 from kvserve.operator.resource import HTTP_PORT
 
-TIMEOUT_SECONDS = 30.0
-"""For one call: loading an adapter reads its weights (a few MB to a few hundred)."""
+LIST_TIMEOUT_SECONDS = 5.0
+"""For ``/v1/models`` and an unload: a pod that does not answer soon is reported, not waited on."""
+LOAD_TIMEOUT_SECONDS = 30.0
+"""For a load, which reads the adapter's weights (a few MB to a few hundred)."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,13 @@ def _error(e: Exception) -> str:
     return str(e) or type(e).__name__
 
 
-def _call(url: str, body: dict[str, Any] | None = None) -> Any:
+def _call(
+    url: str, body: dict[str, Any] | None = None, timeout: float = LIST_TIMEOUT_SECONDS
+) -> Any:
     data = None if body is None else json.dumps(body).encode()
     headers = {} if body is None else {"Content-Type": "application/json"}
     request = urllib.request.Request(url, data=data, headers=headers)
-    with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as answer:
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
         return json.loads(answer.read() or b"null")
 
 
@@ -93,7 +97,8 @@ def sync_pod(address: str, base: str, wanted: Mapping[str, str]) -> PodSync:
         if name in now:  # still loaded from its old path: its unload failed
             continue
         try:
-            _call(f"{root}/load_lora_adapter", {"lora_name": name, "lora_path": wanted[name]})
+            body = {"lora_name": name, "lora_path": wanted[name]}
+            _call(f"{root}/load_lora_adapter", body, LOAD_TIMEOUT_SECONDS)
             now.add(name)
         except (OSError, ValueError) as e:
             failed[name] = _error(e)
