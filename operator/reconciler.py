@@ -59,7 +59,8 @@ class Reconciler:
         """``build_status`` from the Deployment and the pods; with the ``InferencePool``
         condition when ``pool`` (the spec's pool, whether the cluster serves its API) is given,
         ``adapters`` and the ``AdaptersReady`` condition when the valid ``spec`` has adapters
-        (each Ready pod is synced to them first: ``adapter_sync``), and the ``CustomMetrics``
+        (each Ready pod is synced to them first: ``adapter_sync``; a valid spec without any
+        clears ``adapters``), and the ``CustomMetrics``
         condition when an HPA scales ``owner``.
 
         The pods are listed by the selector of ``owner``'s name only if that name passes
@@ -74,6 +75,8 @@ class Reconciler:
         status = build_status(owner, deployment, problem, pods)
         if pool is not None:
             status = with_condition(status, owner, POOL_CONDITION, *pool_condition(owner, *pool))
+        if spec is not None and not spec.adapters and "adapters" in (owner.get("status") or {}):
+            status = {**status, "adapters": None}  # a merge patch deletes a key set to null
         if spec is not None and spec.adapters:
             entries, served = adapter_report(spec.adapters, self._sync_adapters(owner, spec, pods))
             status = with_condition(
