@@ -1,6 +1,7 @@
 """Which adapter calls a pod gets, and the status the pods' answers make."""
 
 import socket
+from pathlib import Path
 
 from kvserve.operator.adapter_status import adapter_report
 from kvserve.operator.adapter_sync import (
@@ -11,6 +12,8 @@ from kvserve.operator.adapter_sync import (
     sync_pod,
 )
 from kvserve.operator.spec import AdapterSpec
+
+from server_process import ServerProcess
 
 PIRATE = AdapterSpec(name="pirate", source="/opt/kvserve/adapters/pirate")
 POET = AdapterSpec(name="poet", source="pvc://loras/poet")
@@ -43,6 +46,16 @@ def test_a_pod_that_does_not_answer_fails_every_wanted_adapter() -> None:
     assert result == PodSync(
         frozenset(), {"pirate": "not reachable: [Errno 111] Connection refused"}
     )
+
+
+def test_a_server_that_wants_an_api_key_refuses_the_operator_by_its_own_message(
+    tmp_path: Path,
+) -> None:
+    """The operator holds no Secret: a pod started with ``apiKeySecret`` answers 401, which the
+    adapter's state quotes."""
+    with ServerProcess(None, "--device", "cpu", log=tmp_path / "server.log") as server:
+        result = sync_pod(f"127.0.0.1:{server.port}", "kvserve-demo", {"pirate": "/a/pirate"})
+    assert result == PodSync(frozenset(), {"pirate": "HTTP 401: missing or invalid API key"})
 
 
 def test_only_ready_live_pods_with_an_ip_are_synced() -> None:
