@@ -1,10 +1,10 @@
 """kvserve: a paged-KV LLM serving engine, its OpenAI-compatible server and its Kubernetes operator.
 
-``LLM`` and ``SamplingParams`` load lazily, so the operator (``kvserve.operator``)
+``LLM``, ``LoRARequest`` and ``SamplingParams`` load lazily, so the operator (``kvserve.operator``)
 imports without torch.
 """
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams"]
 
 
 def __getattr__(name: str):
@@ -12,6 +12,10 @@ def __getattr__(name: str):
         from kvserve.engine.llm import LLM
 
         return LLM
+    if name == "LoRARequest":
+        from kvserve.engine.lora.lora_request import LoRARequest
+
+        return LoRARequest
     if name == "SamplingParams":
         from kvserve.engine.sampling_params import SamplingParams
 

@@ -2,7 +2,8 @@
 
 One thread owns the ``LLMEngine`` and runs ``step()`` in a loop; nothing else touches
 it. The event loop hands commands over through a thread-safe queue (``AddRequest``,
-``AbortRequest``, ``Shutdown``: one small type each, applied in order), and the
+``AbortRequest``, ``AddLoRA``, ``RemoveLoRA``, ``Shutdown``: one small type each, applied
+in order), and the
 thread hands each request's outputs back to that request's ``asyncio.Queue`` with
 ``call_soon_threadsafe``. So an HTTP handler never waits on a model step, and a step
 never waits on HTTP. With no unfinished request the thread sleeps on an event; woken, it
@@ -23,13 +24,16 @@ from collections.abc import AsyncIterator
 
 from kvserve.engine.async_messages import (
     AbortRequest,
+    AddLoRA,
     AddRequest,
     EngineCommand,
+    RemoveLoRA,
     Shutdown,
     StepObserver,
 )
 from kvserve.engine.core.outputs import RequestOutput
 from kvserve.engine.llm_engine import EngineDeadError, LLMEngine
+from kvserve.engine.lora.lora_request import LoRARequest
 from kvserve.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,15 @@ class RequestFailedError(RuntimeError):
 def _put_each(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
     for stream, item in items:
         stream.put_nowait(item)
+
+
+def _error_of(call) -> Exception | None:
+    """What ``call()`` raised (None: nothing), for the caller on the event loop."""
+    try:
+        call()
+    except Exception as exc:
+        return exc
+    return None
 
 
 class AsyncLLM:
@@ -108,8 +121,10 @@ class AsyncLLM:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Queue a request; raises ``ValueError`` if the engine refuses it, else its outputs.
+        """Queue a request (under ``lora_request``'s adapter, if given); raises
+        ``ValueError`` if the engine refuses it, else its outputs.
 
         Leaving the returned iterator before the request finished aborts the request.
         """
@@ -118,7 +133,9 @@ class AsyncLLM:
         assert self._loop is not None, "start() first"
         stream: asyncio.Queue = asyncio.Queue()
         accepted = self._loop.create_future()
-        self._send(AddRequest(request_id, prompt, params, arrival_time, stream, accepted))
+        self._send(
+            AddRequest(request_id, prompt, params, arrival_time, stream, accepted, lora_request)
+        )
         if self.error is not None and not accepted.done():
             # The loop died after the check above: it may have drained the queue already.
             accepted.set_exception(EngineDeadError(str(self.error)))
@@ -137,6 +154,23 @@ class AsyncLLM:
     ) -> AsyncIterator[RequestOutput]:
         async for output in await self.add_request(request_id, prompt, params):
             yield output
+
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        """Serve an adapter (``LLMEngine.add_lora``, in the engine's thread); raises its
+        ``ValueError`` if it cannot be served."""
+        await self._settled(lambda done: AddLoRA(lora_request, done))
+
+    async def remove_lora(self, lora_name: str) -> None:
+        """Stop serving an adapter (``LLMEngine.remove_lora``); KeyError if not served."""
+        await self._settled(lambda done: RemoveLoRA(lora_name, done))
+
+    async def _settled(self, command) -> None:
+        if self.error is not None:
+            raise EngineDeadError(str(self.error))
+        assert self._loop is not None, "start() first"
+        done = self._loop.create_future()
+        self._send(command(done))
+        await done
 
     def abort(self, request_id: str) -> None:
         """Abort a request: its blocks are freed before the next step."""
@@ -194,6 +228,10 @@ class AsyncLLM:
                 case AddRequest():
                     changed = True
                     self._add(command)
+                case AddLoRA(lora_request, done):
+                    self._resolve(done, _error_of(lambda: self.engine.add_lora(lora_request)))
+                case RemoveLoRA(lora_name, done):
+                    self._resolve(done, _error_of(lambda: self.engine.remove_lora(lora_name)))
         if changed:
             self._observe([])
         return True
@@ -208,7 +246,11 @@ class AsyncLLM:
     def _add(self, command: AddRequest) -> None:
         try:
             self.engine.add_request(
-                command.request_id, command.prompt, command.params, command.arrival_time
+                command.request_id,
+                command.prompt,
+                command.params,
+                command.arrival_time,
+                command.lora_request,
             )
         except Exception as exc:  # refused (ValueError) or broken: that request only
             self._resolve(command.accepted, exc)
@@ -260,12 +302,15 @@ class AsyncLLM:
             self._wakeup.clear()
 
     def _queued_adds(self) -> list[AddRequest]:
-        """Empty the queue: the adds in it (aborts and shutdowns no longer matter)."""
+        """Empty the queue: the adds in it (aborts and shutdowns no longer matter; adapter
+        loads and unloads get ``EngineDeadError``)."""
         adds = []
         while not self._commands.empty():
             command = self._commands.get_nowait()
             if isinstance(command, AddRequest):
                 adds.append(command)
+            elif isinstance(command, AddLoRA | RemoveLoRA):
+                self._resolve(command.done, EngineDeadError("the engine stopped"))
         return adds
 
     def _stop(self) -> None:

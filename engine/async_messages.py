@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvserve.engine.core.outputs import RequestOutput
+from kvserve.engine.lora.lora_request import LoRARequest
 from kvserve.engine.sampling_params import SamplingParams
 
 
@@ -30,6 +31,23 @@ class AddRequest:
     arrival_time: float | None
     stream: asyncio.Queue
     accepted: asyncio.Future
+    lora_request: LoRARequest | None = None
+
+
+@dataclass(frozen=True)
+class AddLoRA:
+    """Serve an adapter; ``done`` settles once it is loaded or refused (its error)."""
+
+    lora_request: LoRARequest
+    done: asyncio.Future
+
+
+@dataclass(frozen=True)
+class RemoveLoRA:
+    """Stop serving adapter ``lora_name``; ``done`` settles (KeyError if it is not served)."""
+
+    lora_name: str
+    done: asyncio.Future
 
 
 @dataclass(frozen=True)
@@ -44,4 +62,4 @@ class Shutdown:
     """Stop the engine thread: open requests and adds queued after it get an error."""
 
 
-EngineCommand = AddRequest | AbortRequest | Shutdown
+EngineCommand = AddRequest | AbortRequest | AddLoRA | RemoveLoRA | Shutdown

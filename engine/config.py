@@ -120,6 +120,16 @@ class EngineConfig:
         '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "topic": "kv@POD@MODEL"}\'',
     )
 
+    enable_lora: bool = setting(False, help="serve LoRA adapters (PEFT directories)")
+    max_loras: int = setting(1, minimum=1, help="LoRA adapters resident on the device at once")
+    max_lora_rank: int = setting(16, minimum=1, help="the highest LoRA rank an adapter may have")
+    max_cpu_loras: int | None = setting(
+        None,
+        minimum=1,
+        help="LoRA adapters kept in host memory, least recently used dropped and read again "
+        "when asked for (default: max_loras; at least max_loras)",
+    )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -155,6 +165,14 @@ class EngineConfig:
                 f"distributed_executor_backend uni runs one rank, not tensor_parallel_size "
                 f"{self.tensor_parallel_size}; use mp"
             )
+        if self.max_cpu_loras is None:
+            object.__setattr__(self, "max_cpu_loras", self.max_loras)
+        elif self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("enable_lora with tensor_parallel_size > 1 is not supported yet")
         if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
         if not 0 < self.gpu_memory_utilization <= 1:

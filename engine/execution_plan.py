@@ -100,8 +100,9 @@ def plan_execution(
     kv_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype, device, backend)
     block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype)
     # CUDA graphs and recorded CPU decode steps were never proven with collectives inside:
-    # a model sharded over several ranks runs every step eagerly
-    eager = config.enforce_eager or tp > 1
+    # a model sharded over several ranks runs every step eagerly; so does one with LoRA
+    # layers (a step's adapter row groups are not part of a replayed step)
+    eager = config.enforce_eager or tp > 1 or config.enable_lora
     return ExecutionPlan(
         model=config.model,
         family=model_config.family,

@@ -7,6 +7,7 @@ from kvserve.engine.core.kv_cache_manager import KVCacheManager
 from kvserve.engine.core.parent_request import child_id, child_params
 from kvserve.engine.core.request import Request
 from kvserve.engine.detokenizer import Detokenizer
+from kvserve.engine.lora.peft_adapter import LoRAAdapter
 from kvserve.engine.sampling_params import SamplingParams, request_seed
 from kvserve.engine.structured.compiler import GrammarCompiler
 from kvserve.engine.structured.matcher import RequestGrammar
@@ -39,16 +40,17 @@ class InputProcessor:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        lora: LoRAAdapter | None = None,
     ) -> list[Request]:
-        """The request's samples (one, or ``params.n`` with ids ``child_id``); ValueError,
-        and nothing built, if it can never run."""
+        """The request's samples (one, or ``params.n`` with ids ``child_id``), under the
+        adapter ``lora`` if one is given; ValueError, and nothing built, if it can never run."""
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._validate(token_ids, params)
         if params.n == 1:
-            return [self._request(request_id, token_ids, text, params, arrival_time)]
+            return [self._request(request_id, token_ids, text, params, arrival_time, lora)]
         return [
-            self._request(child_id(request_id, i), token_ids, text, p, arrival_time)
+            self._request(child_id(request_id, i), token_ids, text, p, arrival_time, lora)
             for i, p in enumerate(child_params(params))
         ]
 
@@ -59,6 +61,7 @@ class InputProcessor:
         text: str | None,
         params: SamplingParams,
         arrival_time: float | None,
+        lora: LoRAAdapter | None,
     ) -> Request:
         detokenizer = Detokenizer(
             self.tokenizer, token_ids, params.stop, params.skip_special_tokens
@@ -77,6 +80,7 @@ class InputProcessor:
             arrival_time,
             detokenizer=detokenizer,
             grammar=grammar,
+            lora=lora,
         )
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:

@@ -22,6 +22,9 @@ from kvserve.engine.executor import ExecutorFailedError, build_executor
 from kvserve.engine.input_processor import InputProcessor
 from kvserve.engine.kv_events import KVEventLog
 from kvserve.engine.kv_events_publisher import ZmqEventPublisher
+from kvserve.engine.lora.lora_registry import LoRARegistry
+from kvserve.engine.lora.lora_request import LoRARequest
+from kvserve.engine.lora.peft_adapter import LoRAAdapter
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.output_processor import delta_output, take_text
 from kvserve.engine.prompt_logprobs import record_prompt_logprobs
@@ -80,9 +83,14 @@ class LLMEngine:
                 config.max_num_batched_tokens,
                 self.max_model_len,
                 config.long_prefill_token_threshold,
+                config.max_loras if config.enable_lora else 0,
             ),
             self.kv,
         )
+        self.loras: LoRARegistry | None = None
+        if config.enable_lora:
+            assert config.max_cpu_loras is not None  # EngineConfig defaults it
+            self.loras = LoRARegistry(self.model_config, config.max_lora_rank, config.max_cpu_loras)
         self.sampler = Sampler(self.eos_token_ids)
         self.grammars = GrammarCompiler(
             self.tokenizer, self.model_config.vocab_size, tuple(sorted(self.eos_token_ids))
@@ -116,14 +124,17 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
-        """Queue a request (its ``params.n`` samples: ``ParentRequest``), or raise ValueError
-        if it can never run."""
+        """Queue a request (its ``params.n`` samples: ``ParentRequest``), under the adapter
+        of ``lora_request`` (loaded first if it is not yet), or raise ValueError if it can
+        never run."""
         ids = [request_id] if params.n == 1 else [child_id(request_id, i) for i in range(params.n)]
         for taken in {request_id, *ids}:
             if taken in self.requests or taken in self.parents:
                 raise ValueError(f"request id {taken!r} is already in use")
-        requests = self.inputs.process(request_id, prompt, params, arrival_time)
+        adapter = None if lora_request is None else self.add_lora(lora_request)
+        requests = self.inputs.process(request_id, prompt, params, arrival_time, adapter)
         if params.n > 1:
             self.parents.add(ParentRequest(request_id, requests, self.config.enable_prefix_caching))
         for request in requests:
@@ -132,6 +143,25 @@ class LLMEngine:
             self.requests[request.request_id] = request
             if not self.parents.is_held(request):
                 self.scheduler.add(request)
+
+    def add_lora(self, lora_request: LoRARequest) -> LoRAAdapter:
+        """Serve an adapter (``LoRARegistry.add``); ValueError naming it if it cannot be
+        (LoRA off, missing, corrupt, or not fitting the model), nothing else changed."""
+        if self.loras is None:
+            raise ValueError(
+                f"LoRA adapter {lora_request.lora_name!r}: LoRA is not enabled (--enable-lora)"
+            )
+        return self.loras.add(lora_request)
+
+    def remove_lora(self, name: str) -> None:
+        """Stop serving adapter ``name`` (KeyError if it is not served). Requests already
+        queued or running under it finish under it; new ones cannot name it."""
+        if self.loras is None:
+            raise KeyError(name)
+        self.loras.remove(name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return [] if self.loras is None else list(self.loras.requests.values())
 
     def abort_request(self, request_id: str) -> int:
         """Abort a request (each of its samples still running); how many were."""

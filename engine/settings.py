@@ -43,6 +43,9 @@ class Setting:
     parse: Callable[[str], Any] | None = None
     metavar: str | None = None
     crd: Crd | None = None
+    nargs: str | None = None
+    """argparse's: ``"+"`` takes one or more values (a list; from the environment variable,
+    its whitespace-separated words)."""
 
 
 def setting(default: Any = MISSING, **spelling: Any) -> Any:

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from kvserve.server.body import MAX_BODY_BYTES, read_json
 from kvserve.server.endpoints import create_chat_completion, create_completion
 from kvserve.server.errors import APIError, bad_request, unavailable
+from kvserve.server.lora_endpoints import load_lora_adapter, unload_lora_adapter
 from kvserve.server.openapi import openapi_document
 from kvserve.server.protocol.base import parse_body
 from kvserve.server.protocol.tokens import DetokenizeRequest, TokenizeRequest
@@ -94,7 +95,27 @@ async def models(request: web.Request) -> web.Response:
         "root": state.model_path,
         "max_model_len": state.llm.max_model_len,
     }
-    return web.json_response({"object": "list", "data": [card]})
+    adapters = [
+        {
+            "id": name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "kvserve",
+            "root": served.request.lora_path,
+            "parent": served.parent,
+            "max_model_len": state.llm.max_model_len,
+        }
+        for name, served in state.loras.by_name.items()
+    ]
+    return web.json_response({"object": "list", "data": [card, *adapters]})
+
+
+async def load_lora(request: web.Request) -> web.Response:
+    return await load_lora_adapter(_state(request), request)
+
+
+async def unload_lora(request: web.Request) -> web.Response:
+    return await unload_lora_adapter(_state(request), request)
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -172,6 +193,9 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
+    if state.allow_runtime_lora_updating:
+        app.router.add_post("/v1/load_lora_adapter", load_lora)
+        app.router.add_post("/v1/unload_lora_adapter", unload_lora)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/health", health)

@@ -38,6 +38,8 @@ def _add_flag(parser: argparse.ArgumentParser, d: Declared) -> argparse.Action:
         options["type"] = d.kind if spelling.parse is None else _argument_type(spelling.parse)
         options["choices"] = spelling.choices
         options["metavar"] = spelling.metavar
+        if spelling.nargs is not None:
+            options["nargs"] = spelling.nargs
     return parser.add_argument(d.flag, **options)
 
 
@@ -68,6 +70,12 @@ def serve_parser(
             action.default = _env_bool(d.env, text)
         elif action.choices is not None and text not in action.choices:
             raise SystemExit(f"kvserve: {d.env} must be one of {', '.join(action.choices)}")
+        elif action.nargs is not None:
+            assert action.type is not None and not isinstance(action.type, str)
+            try:
+                action.default = [action.type(word) for word in text.split()]
+            except argparse.ArgumentTypeError as exc:
+                raise SystemExit(f"kvserve: {d.env}: {exc}") from exc
         else:
             action.default = text  # argparse converts a string default with the flag's type
     return parser

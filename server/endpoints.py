@@ -26,15 +26,16 @@ from kvserve.server.structured import checked_constraint
 
 async def create_completion(state: ServerState, request: web.Request) -> web.StreamResponse:
     body = parse_body(CompletionRequest, await read_json(request, state.body_timeout))
-    check_model(state, body.model)
+    lora = check_model(state, body.model)
     tokenizer = state.llm.tokenizer
     prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts]
     max_tokens = max_new_tokens(state, max(len(p) for p in prompts), body.max_tokens, 16, "prompt")
     prompt_logprobs = body.logprobs if body.echo else None
     constraint = await checked_constraint(state.llm.grammars, body)
     params = sampling_params(body, max_tokens, body.logprobs, prompt_logprobs, constraint)
-    framing = Framing.of(request[REQUEST_ID], state.model_name, chat=False)
-    fan = await fan_out(state, framing.api_id, "prompt", prompts, params, body.n)
+    model = state.model_name if lora is None else lora.lora_name
+    framing = Framing.of(request[REQUEST_ID], model, chat=False)
+    fan = await fan_out(state, framing.api_id, "prompt", prompts, params, body.n, lora)
     render = completion_render(tokenizer, body, prompts)
     prompt_lens = [len(p) for p in prompts]
     return await respond(Reply(state, request, body, framing, fan, prompt_lens, render))
@@ -42,7 +43,7 @@ async def create_completion(state: ServerState, request: web.Request) -> web.Str
 
 async def create_chat_completion(state: ServerState, request: web.Request) -> web.StreamResponse:
     body = parse_body(ChatCompletionRequest, await read_json(request, state.body_timeout))
-    check_model(state, body.model)
+    lora = check_model(state, body.model)
     tools = tool_use(body, state.auto_tool_parser)
     parser = state.reasoning_parser
     reasoning = REASONING_PARSERS[parser]() if parser is not None else None
@@ -53,7 +54,8 @@ async def create_chat_completion(state: ServerState, request: web.Request) -> we
     constraint = await chat_constraint(state.llm.grammars, body, tools)
     special = reading is not None and reading.reads_special_tokens
     params = sampling_params(body, max_tokens, logprobs, None, constraint, not special)
-    framing = Framing.of(request[REQUEST_ID], state.model_name, chat=True)
-    fan = await fan_out(state, framing.api_id, "messages", [prompt], params, body.n)
+    model = state.model_name if lora is None else lora.lora_name
+    framing = Framing.of(request[REQUEST_ID], model, chat=True)
+    fan = await fan_out(state, framing.api_id, "messages", [prompt], params, body.n, lora)
     render = chat_render(state.llm.tokenizer, body, reading, fan.num_choices)
     return await respond(Reply(state, request, body, framing, fan, [len(prompt)], render))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from kvserve.engine.async_llm import EngineDeadError, RequestFailedError
 from kvserve.engine.core.outputs import RequestOutput
+from kvserve.engine.lora.lora_request import LoRARequest
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.server.admission import Reservation
 from kvserve.server.errors import APIError, unavailable
@@ -63,9 +64,10 @@ async def fan_out(
     prompts: Sequence[list[int]],
     params: SamplingParams,
     n: int,
+    lora: LoRARequest | None = None,
 ) -> FanOut:
     """Admit the request (``n`` engine requests a prompt), then add each prompt to the
-    engine; if one is refused, abort those added."""
+    engine (under ``lora``'s adapter, if given); if one is refused, abort those added."""
     reservation = admit(state, len(prompts) * n, "n" if n > 1 else prompt_param)
     request_ids: list[str] = []
     streams: list[AsyncIterator[RequestOutput]] = []
@@ -73,7 +75,10 @@ async def fan_out(
         for p, prompt in enumerate(prompts):
             request_id = state.engine_request_id(api_id, p)
             request_ids.append(request_id)
-            streams.append(await state.llm.add_request(request_id, prompt, params.replace(n=n)))
+            stream = await state.llm.add_request(
+                request_id, prompt, params.replace(n=n), lora_request=lora
+            )
+            streams.append(stream)
     except BaseException as exc:
         reservation.close()
         for request_id in request_ids:

@@ -1,6 +1,7 @@
 """An API body as engine requests: the model check, the prompt's token ids, the completion
 length and the sampling parameters, with a 400 naming the parameter for what cannot run."""
 
+from kvserve.engine.lora.lora_request import LoRARequest
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.structured.spec import OutputConstraint
 from kvserve.server.chat_tools import template_messages, template_tools
@@ -10,9 +11,15 @@ from kvserve.server.protocol.sampling import SamplingBody
 from kvserve.server.state import ServerState
 
 
-def check_model(state: ServerState, model: str | None) -> None:
-    if model is not None and model != state.model_name:
+def check_model(state: ServerState, model: str | None) -> LoRARequest | None:
+    """The LoRA adapter a request's ``model`` names (None: the base model); 404 if it
+    names neither the served model nor a loaded adapter."""
+    if model is None or model == state.model_name:
+        return None
+    lora = state.loras.get(model)
+    if lora is None:
         raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+    return lora
 
 
 def sampling_params(

@@ -21,6 +21,7 @@ from kvserve.server.cli import DEFAULT_MODEL, default_model, engine_config
 from kvserve.server.drain import DrainState
 from kvserve.server.metrics import ServerMetrics
 from kvserve.server.metrics_info import cache_config_labels
+from kvserve.server.served_loras import ServedLoRAs
 from kvserve.server.state import ServerState
 
 if TYPE_CHECKING:
@@ -72,6 +73,15 @@ def serve(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         log.error("cannot load the model: %s", exc)
         return 2
+    loras = ServedLoRAs()
+    for module in args.lora_modules or ():
+        lora = loras.new_request(module.name, module.path)
+        try:
+            engine.add_lora(lora)
+        except ValueError as exc:
+            log.error("cannot load --lora-modules %s: %s", module.name, exc)
+            return 2
+        loras.add(lora, module.base_model_name or name)
     plan = engine.plan
     assert plan.num_kv_blocks is not None
     log.info(
@@ -84,11 +94,15 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("cannot trace requests: %s", exc)
         return 2
-    return asyncio.run(_serve(args, engine, name, tracer))
+    return asyncio.run(_serve(args, engine, name, tracer, loras))
 
 
 async def _serve(
-    args: argparse.Namespace, engine: LLMEngine, name: str, tracer: "RequestTracer | None"
+    args: argparse.Namespace,
+    engine: LLMEngine,
+    name: str,
+    tracer: "RequestTracer | None",
+    loras: ServedLoRAs,
 ) -> int:
     metrics = ServerMetrics(name)
     metrics.describe_engine(cache_config_labels(engine), engine.startup)
@@ -107,6 +121,8 @@ async def _serve(
         auto_tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
         reasoning_parser=args.reasoning_parser,
         tracer=tracer,
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+        loras=loras,
     )
     runner = web.AppRunner(
         build_app(state),

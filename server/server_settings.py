@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.settings import Crd, Declared, declared, setting
+from kvserve.server.lora_modules import LoRAModule, parse_lora_module
 from kvserve.server.reasoning_parsers import REASONING_PARSERS
 from kvserve.server.tool_parsers import TOOL_PARSERS
 
@@ -55,6 +56,19 @@ class ServerSettings:
         None,
         help="send one OpenTelemetry span per request to this OTLP collector (gRPC, or HTTP "
         "with OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); unset: no tracing",
+    )
+    lora_modules: list[LoRAModule] | None = setting(
+        None,
+        parse=parse_lora_module,
+        nargs="+",
+        metavar="NAME=PATH",
+        help="LoRA adapters served from start-up (needs --enable-lora): name=path, or JSON "
+        '\'{"name": ..., "path": ..., "base_model_name": ...}\'',
+    )
+    allow_runtime_lora_updating: bool = setting(
+        False,
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING)",
     )
     collect_detailed_traces: str | None = setting(
         None,

@@ -12,6 +12,7 @@ from kvserve.engine.async_llm import AsyncLLM
 from kvserve.server.admission import Admission
 from kvserve.server.drain import DrainState
 from kvserve.server.metrics import ServerMetrics
+from kvserve.server.served_loras import ServedLoRAs
 
 if TYPE_CHECKING:  # the tracer's module imports the OpenTelemetry SDK: only serve loads it
     from kvserve.server.tracing import RequestTracer
@@ -33,6 +34,8 @@ class ServerState:
     auto_tool_parser: str | None = None  # for tool_choice "auto": --tool-call-parser, if enabled
     reasoning_parser: str | None = None  # --reasoning-parser
     tracer: "RequestTracer | None" = None  # with --otlp-traces-endpoint only
+    allow_runtime_lora_updating: bool = False  # routes /v1/load_lora_adapter and unload
+    loras: ServedLoRAs = field(default_factory=ServedLoRAs)
     created: int = field(default_factory=lambda: int(time.time()))
     _ids: itertools.count = field(default_factory=itertools.count)
     admission: Admission = field(init=False)

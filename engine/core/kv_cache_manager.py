@@ -16,7 +16,9 @@ class KVCacheManager:
     (``block_hash``; the algorithm named by ``hash_algo``) once their KV has been
     computed, and a new request starts from the longest cached run of its prompt's
     full blocks (never the whole prompt: its last token is always computed, to
-    produce the logits of the first output token).
+    produce the logits of the first output token). A request under a LoRA adapter chains
+    its first block on the adapter's key (``Request.prefix_root``), so two adapters, or an
+    adapter and the base model, never share a block.
     """
 
     def __init__(
@@ -41,7 +43,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
             return []
         hits: list[Block] = []
-        parent: BlockHash | None = None
+        parent: BlockHash | None = request.prefix_root
         tokens = request.all_token_ids
         for start in range(0, request.num_tokens - 1 - self.block_size + 1, self.block_size):
             parent = self.chain_hash(parent, tokens[start : start + self.block_size])
@@ -81,7 +83,7 @@ class KVCacheManager:
             parent = request.block_hashes[-1] if request.block_hashes else None
             start = index * self.block_size
             block_tokens = tokens[start : start + self.block_size]
-            block_hash = self.chain_hash(parent, block_tokens)
+            block_hash = self.chain_hash(parent or request.prefix_root, block_tokens)
             self.pool.cache(
                 self.pool.blocks[request.block_ids[index]], block_hash, parent, block_tokens
             )

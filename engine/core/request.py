@@ -2,6 +2,7 @@
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -10,6 +11,9 @@ from kvserve.engine.core.outputs import Logprob
 from kvserve.engine.detokenizer import Detokenizer
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.structured.matcher import RequestGrammar
+
+if TYPE_CHECKING:
+    from kvserve.engine.lora.peft_adapter import LoRAAdapter
 
 
 class RequestStatus(enum.Enum):
@@ -41,8 +45,10 @@ class Request:
         arrival_time: float | None = None,
         detokenizer: Detokenizer | None = None,
         grammar: RequestGrammar | None = None,
+        lora: "LoRAAdapter | None" = None,
     ) -> None:
         self.request_id = request_id
+        self.lora = lora  # the adapter it runs under (it keeps it, even once unloaded)
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
@@ -69,6 +75,16 @@ class Request:
         self.grammar = grammar  # a constrained request's: what it may sample next
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
+
+    @property
+    def lora_name(self) -> str | None:
+        return None if self.lora is None else self.lora.name
+
+    @property
+    def prefix_root(self) -> BlockHash | None:
+        """The parent key of its first block: None for the base model, its adapter's
+        ``cache_key`` otherwise."""
+        return None if self.lora is None else self.lora.cache_key
 
     @property
     def num_tokens(self) -> int:

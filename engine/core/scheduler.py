@@ -15,12 +15,15 @@ log = logging.getLogger(__name__)
 class SchedulerConfig:
     """``long_prefill_token_threshold``: the most prompt tokens one request computes in a
     step (0: up to the whole budget), so a long prefill shares the steps with the running
-    streams' decodes over several steps instead of stalling them for one long one."""
+    streams' decodes over several steps instead of stalling them for one long one.
+    ``max_loras``: the most LoRA adapters the running requests may use at once (a waiting
+    request of another adapter waits; the others pass it); 0 with LoRA off."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
     long_prefill_token_threshold: int = 0
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -134,9 +137,15 @@ class Scheduler:
                 budget -= num_new
                 index += 1
         # A request whose grammar is still compiling keeps its place; the others pass it.
+        loras = {r.lora.serial for r in self.running if r.lora} if self.config.max_loras else set()
         for request in [r for r in self.waiting if not r.is_compiling]:
             if budget <= 0 or out.preempted or len(self.running) >= self.config.max_num_seqs:
                 break
+            lora = request.lora
+            if lora is not None and lora.serial not in loras:
+                if len(loras) >= self.config.max_loras:
+                    continue
+                loras.add(lora.serial)
             computed = self.kv.computed_blocks(request)
             num_cached = len(computed) * self.kv.block_size
             num_new = self.config.chunk(request.num_tokens - num_cached, budget)

@@ -23,6 +23,7 @@ from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
 from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.tensor_parallel import TensorParallel
+from kvserve.engine.lora.lora_slots import LoRASlots
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.sampling_params import SamplingParams
@@ -39,6 +40,7 @@ class StepInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # rows whose logits are sampled, one per sampling request
     every_row: bool  # logits_indices are all the rows, in order (as in a decode-only step)
+    lora_rows: np.ndarray | None = None  # each row's LoRA slot (-1: base model); None: none
 
 
 class ModelRunner:
@@ -76,6 +78,9 @@ class ModelRunner:
                 plan.packed_linears,
                 tp=tp,
             )
+        self.lora: LoRASlots | None = None
+        if config.enable_lora:
+            self.lora = LoRASlots(self.model, config.max_loras, config.max_lora_rank, device)
         with self.startup.measure("kv_alloc", device):
             if plan.num_kv_blocks is None:
                 plan = plan.with_measured_kv_blocks(self.model, config)
@@ -160,6 +165,7 @@ class ModelRunner:
             logits_rows.append(np.arange(span.start, span.stop) + offset[id(request)])
         rows = np.concatenate(logits_rows)
         dev = self.plan.device
+        lora_rows = None if self.lora is None else self._lora_rows(out)
         meta = AttentionMetadata(
             slot_mapping=to_device(np.concatenate(slots), dev),
             query_start_loc=to_device(np.concatenate([[0], ends]), dev, torch.int32),
@@ -176,6 +182,22 @@ class ModelRunner:
             meta=meta,
             logits_indices=to_device(rows, dev),
             every_row=np.array_equal(rows, np.arange(len(ids))),
+            lora_rows=lora_rows,
+        )
+
+    def _lora_rows(self, out: SchedulerOutput) -> np.ndarray | None:
+        """Each row's LoRA slot, the step's adapters made resident first; None when no
+        request of the step runs under an adapter."""
+        assert self.lora is not None
+        adapters = {r.lora.serial: r.lora for r, _ in out.scheduled if r.lora is not None}
+        if not adapters:
+            return None
+        slots = self.lora.assign(list(adapters.values()))
+        return np.concatenate(
+            [
+                np.full(n, -1 if r.lora is None else slots[r.lora.serial], dtype=np.int64)
+                for r, n in out.scheduled
+            ]
         )
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
@@ -195,5 +217,10 @@ class ModelRunner:
         gets all of them: the LM head gathers them). Only those rows go through the last
         layer's output projection and MLP (see ``DecoderLM.forward``)."""
         rows = None if inputs.every_row else inputs.logits_indices
+        if self.lora is not None:
+            # the LoRA layers' row groups span the whole batch: every row runs every layer
+            self.lora.set_rows(inputs.lora_rows)
+            hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+            return self.model.logits(hidden if rows is None else hidden[rows])
         hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, rows)
         return self.model.logits(hidden)

@@ -52,7 +52,10 @@ class MLP(nn.Module):
     page of it again in every layer: a 2048-token float32 step of the 134M model (its
     gate/up output is exactly 32 MiB) ran ~10 % slower (benchmarks/cpu-levers.md). Chunks
     this size reuse the heap's blocks and are still large matmuls; they are equal, so that the
-    linear kernels' threads get equal shares of each (1,336 rows: 668 + 668, not 1,024 + 312)."""
+    linear kernels' threads get equal shares of each (1,336 rows: 668 + 668, not 1,024 + 312).
+    A model with LoRA layers turns ``chunk_rows`` off: its row groups span the whole batch."""
+
+    chunk_rows = True
 
     def __init__(
         self,
@@ -80,7 +83,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         most = max(1, CPU_MLP_CHUNK_BYTES // (self.gate_up_width * x.element_size()))
-        if x.device.type != "cpu" or x.shape[0] <= most:
+        if x.device.type != "cpu" or x.shape[0] <= most or not self.chunk_rows:
             return self._rows(x)
         chunks = cdiv(x.shape[0], most)
         return torch.cat([self._rows(part) for part in x.split(cdiv(x.shape[0], chunks))])

@@ -1,0 +1,1 @@
+"""Multi-LoRA: PEFT adapters on the decoder's linear layers, several per batch."""
