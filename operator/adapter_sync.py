@@ -69,19 +69,21 @@ def _error(e: Exception) -> str:
 
 def _call(
     url: str, body: dict[str, Any] | None = None, timeout: float = LIST_TIMEOUT_SECONDS
-) -> Any:
+) -> bytes:
+    """The answer's body; an HTTP error status raises (``HTTPError``). A load or an unload
+    answers plain text, as vLLM's do."""
     data = None if body is None else json.dumps(body).encode()
     headers = {} if body is None else {"Content-Type": "application/json"}
     request = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(request, timeout=timeout) as answer:
-        return json.loads(answer.read() or b"null")
+        return answer.read()
 
 
 def sync_pod(address: str, base: str, wanted: Mapping[str, str]) -> PodSync:
     """Bring the server at ``address`` (``host:port``) to ``wanted`` (name → path)."""
     root = f"http://{address}/v1"
     try:
-        served = served_adapters(_call(f"{root}/models"), base)
+        served = served_adapters(json.loads(_call(f"{root}/models")), base)
     except (OSError, ValueError) as e:
         return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)))
     unload, load = sync_plan(wanted, served)

@@ -8,7 +8,8 @@ from k8s.support import crd_validator, owner
 from kvserve.operator.children import desired_children
 from kvserve.operator.deployment import FETCH_SCRIPT
 from kvserve.operator.discovery import ClusterApis
-from kvserve.operator.spec import adapters_problem, parse_spec
+from kvserve.operator.spec import InvalidSpec, adapters_problem, parse_spec
+from kvserve.operator.validation import validated
 
 IMAGE_ADAPTERS = [
     {"name": "pirate", "source": "/opt/kvserve/adapters/pirate"},
@@ -130,6 +131,23 @@ def test_no_adapters_no_lora_flags() -> None:
 def test_invalid_adapters_are_refused_by_name(adapters: list, message: str) -> None:
     spec, _ = parse_spec(with_adapters(adapters)["spec"])
     assert adapters_problem(spec, "cpu-demo") == message
+
+
+@pytest.mark.parametrize("flag", ["--lora-modules", "--no-allow-runtime-lora-updating"])
+def test_extra_args_may_not_set_the_adapter_flags(flag: str) -> None:
+    body = with_adapters(IMAGE_ADAPTERS[:1])
+    body["spec"]["extraArgs"] = [flag]
+    with pytest.raises(InvalidSpec) as refused:
+        validated(body)
+    assert str(refused.value) == (
+        f"spec.extraArgs may not set flags the operator renders: {flag} (set by spec.adapters)"
+    )
+
+
+def test_the_server_accepts_the_rendered_adapter_flags() -> None:
+    body = with_adapters([*IMAGE_ADAPTERS, {"name": "sql", "source": "hf://org/sql-lora"}])
+    spec, _ = validated(body)
+    assert [a.name for a in spec.adapters] == ["pirate", "poet", "sql"]
 
 
 def test_crd_schema_takes_adapters_and_refuses_a_bad_name() -> None:

@@ -1,8 +1,12 @@
 """Which adapter calls a pod gets, and the status the pods' answers make."""
 
+import json
 import socket
+import sys
+import urllib.request
 from pathlib import Path
 
+from k8s.support import ROOT
 from kvserve.operator.adapter_status import adapter_report
 from kvserve.operator.adapter_sync import (
     PodSync,
@@ -12,8 +16,15 @@ from kvserve.operator.adapter_sync import (
     sync_pod,
 )
 from kvserve.operator.spec import AdapterSpec
+from kvserve.server.cli import DEFAULT_MODEL
 
 from server_process import ServerProcess
+
+sys.path.insert(0, str(ROOT / "e2e"))
+from make_adapters import main
+
+DEMO, DEMO_NAME = DEFAULT_MODEL, "tiny"
+"""The demo model, served under the name ``ServerProcess`` gives a model."""
 
 PIRATE = AdapterSpec(name="pirate", source="/opt/kvserve/adapters/pirate")
 POET = AdapterSpec(name="poet", source="pvc://loras/poet")
@@ -48,14 +59,30 @@ def test_a_pod_that_does_not_answer_fails_every_wanted_adapter() -> None:
     )
 
 
-def test_a_server_that_wants_an_api_key_refuses_the_operator_by_its_own_message(
-    tmp_path: Path,
-) -> None:
-    """The operator holds no Secret: a pod started with ``apiKeySecret`` answers 401, which the
-    adapter's state quotes."""
-    with ServerProcess(None, "--device", "cpu", log=tmp_path / "server.log") as server:
-        result = sync_pod(f"127.0.0.1:{server.port}", "kvserve-demo", {"pirate": "/a/pirate"})
-    assert result == PodSync(frozenset(), {"pirate": "HTTP 401: missing or invalid API key"})
+def test_a_real_server_is_brought_to_the_list(tmp_path: Path) -> None:
+    """``kvserve serve`` as a pod with adapters runs it: the first sync loads both, a second
+    changes nothing, the next one unloads the one dropped and loads the one added; an adapter
+    whose files are missing fails with the server's refusal, the others stay served."""
+    main([str(DEMO), str(tmp_path), "pirate", "poet", "sage"])
+    paths = {n: str(tmp_path / n) for n in ("pirate", "poet", "sage")}
+    log = tmp_path / "server.log"
+    env = ["--device", "cpu", "--enable-lora", "--allow-runtime-lora-updating"]
+    with ServerProcess(DEMO, *env, "--max-cpu-loras", "3", log=log, api_key=None) as server:
+        address = server.url.removeprefix("http://")
+        first = {n: paths[n] for n in ("pirate", "poet")}
+        loaded = sync_pod(address, DEMO_NAME, first)
+        assert loaded == PodSync(frozenset(first), {}), loaded.failed
+        assert sync_pod(address, DEMO_NAME, first) == PodSync(frozenset(first), {})
+        second = {n: paths[n] for n in ("pirate", "sage")}
+        assert sync_pod(address, DEMO_NAME, second) == PodSync(frozenset(second), {})
+        with urllib.request.urlopen(f"{server.url}/v1/models") as answer:
+            models = json.load(answer)
+        assert served_adapters(models, DEMO_NAME) == second
+        missing = {"bard": str(tmp_path / "bard")}
+        refused = sync_pod(address, DEMO_NAME, {**second, **missing})
+        assert refused.served == frozenset(second)
+        assert list(refused.failed) == ["bard"]
+        assert refused.failed["bard"].startswith("HTTP 40"), refused.failed
 
 
 def test_only_ready_live_pods_with_an_ip_are_synced() -> None:
