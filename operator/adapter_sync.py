@@ -79,32 +79,45 @@ def _call(
         return answer.read()
 
 
+def _served(root: str, base: str) -> dict[str, str]:
+    return served_adapters(json.loads(_call(f"{root}/models")), base)
+
+
 def sync_pod(address: str, base: str, wanted: Mapping[str, str]) -> PodSync:
-    """Bring the server at ``address`` (``host:port``) to ``wanted`` (name → path)."""
+    """Bring the server at ``address`` (``host:port``) to ``wanted`` (name → path).
+
+    Two syncs of one pod can overlap (a reconcile and a pod's event): the second's load of an
+    adapter the first just loaded is refused ("already loaded"). So a failed call is judged by
+    the list read again after the calls: what it shows served from the wanted path is served."""
     root = f"http://{address}/v1"
     try:
-        served = served_adapters(json.loads(_call(f"{root}/models")), base)
+        served = _served(root, base)
     except (OSError, ValueError) as e:
         return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)))
     unload, load = sync_plan(wanted, served)
-    now = set(served)
     failed: dict[str, str] = {}
     for name in unload:
         try:
             _call(f"{root}/unload_lora_adapter", {"lora_name": name})
-            now.discard(name)
         except (OSError, ValueError) as e:
             failed[name] = f"unload: {_error(e)}"
     for name in load:
-        if name in now:  # still loaded from its old path: its unload failed
+        if name in failed:  # still loaded from its old path: its unload failed
             continue
         try:
             body = {"lora_name": name, "lora_path": wanted[name]}
             _call(f"{root}/load_lora_adapter", body, LOAD_TIMEOUT_SECONDS)
-            now.add(name)
         except (OSError, ValueError) as e:
             failed[name] = _error(e)
-    return PodSync(frozenset(now & set(wanted)), failed)
+    if not unload and not load:
+        return PodSync(frozenset(wanted), {})
+    try:
+        served = _served(root, base)
+    except (OSError, ValueError) as e:
+        return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)))
+    now = frozenset(n for n, path in wanted.items() if served.get(n) == path)
+    left = {n: failed.get(n, "not served after it was loaded") for n in wanted if n not in now}
+    return PodSync(now, left)
 
 
 def pod_address(pod: dict[str, Any]) -> str | None:

@@ -1,13 +1,26 @@
 """``spec.adapters`` and ``status.adapters`` on a real kube-apiserver (v1.20) with the operator
 as the chart installs it: what the CRD's schema refuses, what the status keeps."""
 
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
 import yaml
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from k8s.cluster_objects import apply_yaml, condition, llmd, namespace
+from k8s.cluster_objects import apply_yaml, condition, events_for, llmd, namespace, play_node
 from k8s.kube_cluster import ControlPlane, Operator, wait_for
-from k8s.support import NEEDS_CLUSTER, load_sample
+from k8s.support import NEEDS_CLUSTER, ROOT, load_sample
 from kvserve.operator.kube import Kube
+from kvserve.operator.resource import HTTP_PORT
+from kvserve.server.cli import DEFAULT_MODEL
+
+from server_process import ServerProcess
+
+sys.path.insert(0, str(ROOT / "e2e"))
+from make_adapters import main as make_adapters
 
 pytestmark = NEEDS_CLUSTER
 
@@ -64,3 +77,77 @@ def test_a_spec_without_adapters_clears_the_status_adapters(
     )
     assert "adapters" not in cleared["status"]
     assert condition(cleared, "AdaptersReady") is None
+
+
+POD_IP = "127.0.0.77"
+"""The played pod's IP: a loopback address of this host, where a real server listens on the
+pods' port."""
+
+
+def _shown(kube: Kube, ns: str, generation: int) -> dict | None:
+    """The status once it is for ``generation`` and says ``AdaptersReady``."""
+    body = llmd(kube, ns, "cpu-demo")
+    if body["status"].get("observedGeneration") != generation:
+        return None
+    ready = condition(body, "AdaptersReady")
+    return body if ready is not None and ready["reason"] != "Loading" else None
+
+
+def test_adapters_reach_the_running_pod_without_a_rollout_and_a_failure_is_one_event(
+    plane: ControlPlane, operator: Operator, kube: Kube, tmp_path: Path
+) -> None:
+    ns = namespace(plane, "adapters-live")
+    make_adapters([str(DEFAULT_MODEL), str(tmp_path), "pirate", "poet", "sage"])
+    body = load_sample("cpu-demo.yaml")
+    body["spec"].update(replicas=1, adapters=[
+        {"name": n, "source": str(tmp_path / n)} for n in ("pirate", "poet")
+    ])  # fmt: skip
+    body["spec"]["model"]["servedName"] = "tiny"  # as ServerProcess names the model
+    flags = ["--device", "cpu", "--enable-lora", "--allow-runtime-lora-updating"]
+    with ServerProcess(
+        DEFAULT_MODEL, *flags, "--max-cpu-loras", "4", log=tmp_path / "server.log",
+        api_key=None, address=(POD_IP, HTTP_PORT),
+    ) as server:  # fmt: skip
+        apply_yaml(plane, ns, body)
+        wait_for(lambda: play_node(plane, ns, "cpu-demo") == 1, "the pod")
+        core = client.CoreV1Api(plane.admin_client())
+        (pod,) = core.list_namespaced_pod(ns).items
+        core.patch_namespaced_pod_status(pod.metadata.name, ns, {"status": {"podIP": POD_IP}})
+        first = wait_for(lambda: _shown(kube, ns, 1), "the adapters' status")
+        assert first["status"]["adapters"] == [
+            {"name": n, "source": str(tmp_path / n), "state": "Loaded",
+             "message": "served by 1/1 Ready pods"}
+            for n in ("pirate", "poet")
+        ]  # fmt: skip
+        deployment = kube.get("apps/v1", "Deployment", ns, "cpu-demo")
+
+        body["spec"]["adapters"].append({"name": "sage", "source": str(tmp_path / "sage")})
+        apply_yaml(plane, ns, body)
+        second = wait_for(lambda: _shown(kube, ns, 2), "the third adapter's status")
+        assert [(a["name"], a["state"]) for a in second["status"]["adapters"]] == [
+            ("pirate", "Loaded"), ("poet", "Loaded"), ("sage", "Loaded")
+        ]  # fmt: skip
+        ready = condition(second, "AdaptersReady")
+        assert (ready["status"], ready["message"]) == ("True", "3 adapters loaded on 1 Ready pods")
+        with urllib.request.urlopen(f"{server.url}/v1/models") as answer:
+            served = [m["id"] for m in json.load(answer)["data"]]
+        assert served == ["tiny", "pirate", "poet", "sage"]
+        after = kube.get("apps/v1", "Deployment", ns, "cpu-demo")
+        assert after["metadata"]["generation"] == deployment["metadata"]["generation"]
+        assert [p.metadata.uid for p in core.list_namespaced_pod(ns).items] == [pod.metadata.uid]
+
+        body["spec"]["adapters"].append({"name": "bard", "source": str(tmp_path / "bard")})
+        apply_yaml(plane, ns, body)
+        third = wait_for(lambda: _shown(kube, ns, 3), "the failed adapter's status")
+        failed = condition(third, "AdaptersReady")
+        bard = third["status"]["adapters"][-1]
+        assert (bard["name"], bard["state"]) == ("bard", "Failed")
+        refusal = f"HTTP 400: LoRA adapter 'bard': no such directory '{tmp_path / 'bard'}'"
+        assert bard["message"] == f"1/1 pods failed; {pod.metadata.name}: {refusal}"
+        assert (failed["status"], failed["reason"], failed["message"]) == (
+            "False", "AdapterLoadFailed", f"adapter bard: {bard['message']}"
+        )  # fmt: skip
+        event = wait_for(lambda: events_for(plane, ns, "cpu-demo"), "the Event")
+        assert event == [
+            {"type": "Warning", "reason": "AdapterLoadFailed", "message": failed["message"]}
+        ]

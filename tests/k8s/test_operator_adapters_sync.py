@@ -81,8 +81,9 @@ def test_a_real_server_is_brought_to_the_list(tmp_path: Path) -> None:
         missing = {"bard": str(tmp_path / "bard")}
         refused = sync_pod(address, DEMO_NAME, {**second, **missing})
         assert refused.served == frozenset(second)
-        assert list(refused.failed) == ["bard"]
-        assert refused.failed["bard"].startswith("HTTP 40"), refused.failed
+        assert refused.failed == {
+            "bard": f"HTTP 400: LoRA adapter 'bard': no such directory '{tmp_path / 'bard'}'"
+        }
 
 
 def test_only_ready_live_pods_with_an_ip_are_synced() -> None:
