@@ -59,15 +59,27 @@ def test_a_pod_that_does_not_answer_fails_every_wanted_adapter() -> None:
     )
 
 
+def greedy(url: str, model: str) -> str:
+    body = {"model": model, "prompt": "Hello", "max_tokens": 8, "temperature": 0}
+    request = urllib.request.Request(
+        f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request) as answer:
+        reply = json.load(answer)
+    assert reply["model"] == model
+    return reply["choices"][0]["text"]
+
+
 def test_a_real_server_is_brought_to_the_list(tmp_path: Path) -> None:
     """``kvserve serve`` as a pod with adapters runs it: the first sync loads both, a second
-    changes nothing, the next one unloads the one dropped and loads the one added; an adapter
-    whose files are missing fails with the server's refusal, the others stay served."""
+    changes nothing, the next one unloads the one dropped and loads the one added, and each
+    answers its own way through one adapter slot; an adapter whose files are missing fails
+    with the server's refusal, the others stay served."""
     main([str(DEMO), str(tmp_path), "pirate", "poet", "sage"])
     paths = {n: str(tmp_path / n) for n in ("pirate", "poet", "sage")}
     log = tmp_path / "server.log"
     env = ["--device", "cpu", "--enable-lora", "--allow-runtime-lora-updating"]
-    with ServerProcess(DEMO, *env, "--max-cpu-loras", "3", log=log, api_key=None) as server:
+    with ServerProcess(DEMO, *env, log=log, api_key=None) as server:  # one adapter slot
         address = server.url.removeprefix("http://")
         first = {n: paths[n] for n in ("pirate", "poet")}
         loaded = sync_pod(address, DEMO_NAME, first)
@@ -78,6 +90,8 @@ def test_a_real_server_is_brought_to_the_list(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"{server.url}/v1/models") as answer:
             models = json.load(answer)
         assert served_adapters(models, DEMO_NAME) == second
+        answers = {m: greedy(server.url, m) for m in (DEMO_NAME, "pirate", "sage", "pirate")}
+        assert len(set(answers.values())) == 3, answers
         missing = {"bard": str(tmp_path / "bard")}
         refused = sync_pod(address, DEMO_NAME, {**second, **missing})
         assert refused.served == frozenset(second)
