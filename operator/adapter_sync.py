@@ -34,6 +34,8 @@ class PodSync:
 
     served: frozenset[str]
     failed: Mapping[str, str]
+    answered: bool = True
+    """Whether the server answered its list, before and after the calls."""
 
 
 def served_adapters(models: dict[str, Any], base: str) -> dict[str, str]:
@@ -93,7 +95,7 @@ def sync_pod(address: str, base: str, wanted: Mapping[str, str]) -> PodSync:
     try:
         served = _served(root, base)
     except (OSError, ValueError) as e:
-        return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)))
+        return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)), answered=False)
     unload, load = sync_plan(wanted, served)
     failed: dict[str, str] = {}
     for name in unload:
@@ -114,17 +116,19 @@ def sync_pod(address: str, base: str, wanted: Mapping[str, str]) -> PodSync:
     try:
         served = _served(root, base)
     except (OSError, ValueError) as e:
-        return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)))
+        return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)), answered=False)
     now = frozenset(n for n, path in wanted.items() if served.get(n) == path)
     left = {n: failed.get(n, "not served after it was loaded") for n in wanted if n not in now}
     return PodSync(now, left)
 
 
 def pod_address(pod: dict[str, Any]) -> str | None:
-    """``IP:HTTP_PORT`` of a Ready pod that is not being deleted, else None."""
+    """``IP:HTTP_PORT`` of a pod whose containers are ready (its server passed its readiness
+    probe; the pod itself waits for the adapters' gate) and that is not being deleted, else
+    None."""
     status = pod.get("status") or {}
     ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
+        c.get("type") == "ContainersReady" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
     if not ready or pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):

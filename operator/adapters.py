@@ -13,7 +13,12 @@ stays out of the template, so adding or removing one rolls no pod:
   rolls the pods, which then start with it.
 
 With any adapter the server runs with ``--enable-lora`` and
-``KVSERVE_ALLOW_RUNTIME_LORA_UPDATING=true`` (the load and unload endpoints).
+``KVSERVE_ALLOW_RUNTIME_LORA_UPDATING=true`` (the load and unload endpoints), and the pod has
+the readiness gate ``ADAPTERS_GATE``: it is Ready (in the Service, in an InferencePool) only
+once the operator has brought it to the list (``adapter_sync``) and set that condition on it,
+so a new pod starts serving with the current list. The condition is set once, after the first
+sync that reached the server, whatever it loaded: an adapter that fails is reported in the
+status, and does not keep new pods from serving the others.
 """
 
 from dataclasses import dataclass
@@ -28,6 +33,7 @@ HF_VOLUME = "adapters-hf"
 CLAIM_VOLUME_PREFIX = "adapters-claim-"
 FETCH_ADAPTER_PREFIX = "fetch-adapter-"
 RUNTIME_UPDATES_ENV = "KVSERVE_ALLOW_RUNTIME_LORA_UPDATING"
+ADAPTERS_GATE = "kvserve.io/adapters-synced"
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,10 @@ def adapter_args(spec: LLMDeploymentSpec) -> list[str]:
 
 def adapter_env(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
     return [{"name": RUNTIME_UPDATES_ENV, "value": "true"}] if spec.adapters else []
+
+
+def adapter_readiness_gates(spec: LLMDeploymentSpec) -> list[dict[str, str]]:
+    return [{"conditionType": ADAPTERS_GATE}] if spec.adapters else []
 
 
 def adapter_volumes(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:

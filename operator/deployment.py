@@ -35,6 +35,7 @@ from kvserve.operator.adapters import (
     adapter_args,
     adapter_env,
     adapter_mounts,
+    adapter_readiness_gates,
     adapter_volumes,
     hf_adapters,
 )
@@ -302,6 +303,9 @@ def render_deployment(
         init.insert(0, _fetch_container(spec, image, FETCH_CONTAINER, model_args, model_mount))
     if init:
         pod["initContainers"] = init
+    gates = adapter_readiness_gates(spec)
+    if gates:
+        pod["readinessGates"] = gates
     if node_selector:
         pod["nodeSelector"] = node_selector
     if tolerations:

@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 from kvserve.operator.adapter_status import CONDITION as ADAPTERS_CONDITION
 from kvserve.operator.adapter_status import adapter_report
 from kvserve.operator.adapter_sync import PodSync, pod_address, sync_pod
-from kvserve.operator.adapters import adapters
+from kvserve.operator.adapters import ADAPTERS_GATE, adapters
 from kvserve.operator.children import desired_children, obsolete_children
 from kvserve.operator.discovery import INFERENCE_POOL_VERSION, discover
 from kvserve.operator.inference_pool import CONDITION as POOL_CONDITION
@@ -88,18 +88,27 @@ class Reconciler:
         verdict = self.metrics.verdict()
         return status if verdict is None else with_condition(status, owner, CONDITION, *verdict)
 
-    @staticmethod
     def _sync_adapters(
-        owner: dict[str, Any], spec: LLMDeploymentSpec, pods: list[dict[str, Any]]
+        self, owner: dict[str, Any], spec: LLMDeploymentSpec, pods: list[dict[str, Any]]
     ) -> dict[str, PodSync]:
-        """Each Ready pod brought to the spec's adapters, by pod name."""
+        """Each pod whose server is ready brought to the spec's adapters, by pod name; the
+        first sync a pod answers opens its readiness gate (``adapters.ADAPTERS_GATE``)."""
         base = spec.model.served_name or owner["metadata"]["name"]
         wanted = {a.name: a.path for a in adapters(spec)}
-        return {
-            pod["metadata"]["name"]: sync_pod(address, base, wanted)
-            for pod in pods
-            if (address := pod_address(pod)) is not None
-        }
+        synced = {}
+        for pod in pods:
+            address = pod_address(pod)
+            if address is None:
+                continue
+            meta = pod["metadata"]
+            synced[meta["name"]] = result = sync_pod(address, base, wanted)
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            gate: dict[str, Any] = next(
+                (c for c in conditions if c.get("type") == ADAPTERS_GATE), {}
+            )
+            if result.answered and gate.get("status") != "True":
+                self.kube.set_pod_condition(meta["namespace"], meta["name"], ADAPTERS_GATE)
+        return synced
 
     def _remove_stale_pools(self, owner: dict[str, Any], keep: str | None) -> None:
         meta = owner["metadata"]

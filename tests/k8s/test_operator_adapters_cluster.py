@@ -112,8 +112,19 @@ def test_adapters_reach_the_running_pod_without_a_rollout_and_a_failure_is_one_e
         wait_for(lambda: play_node(plane, ns, "cpu-demo") == 1, "the pod")
         core = client.CoreV1Api(plane.admin_client())
         (pod,) = core.list_namespaced_pod(ns).items
-        core.patch_namespaced_pod_status(pod.metadata.name, ns, {"status": {"podIP": POD_IP}})
+        assert pod.spec.readiness_gates[0].condition_type == "kvserve.io/adapters-synced"
+        server_ready = {"type": "ContainersReady", "status": "True"}
+        played = {"status": {"podIP": POD_IP, "conditions": [server_ready]}}
+        core.patch_namespaced_pod_status(pod.metadata.name, ns, played)
         first = wait_for(lambda: _shown(kube, ns, 1), "the adapters' status")
+        gate = wait_for(
+            lambda: next(
+                (c for c in core.read_namespaced_pod(pod.metadata.name, ns).status.conditions
+                 if c.type == "kvserve.io/adapters-synced"), None,
+            ),
+            "the readiness gate's condition",
+        )  # fmt: skip
+        assert gate.status == "True"
         assert first["status"]["adapters"] == [
             {"name": n, "source": str(tmp_path / n), "state": "Loaded",
              "message": "served by 1/1 Ready pods"}

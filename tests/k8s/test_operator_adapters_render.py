@@ -47,6 +47,8 @@ def test_image_and_pvc_adapters_enable_lora_and_mount_the_claim_read_only() -> N
         "persistentVolumeClaim": {"claimName": "loras", "readOnly": True},
     }
     assert "initContainers" not in pod(with_adapters(IMAGE_ADAPTERS))
+    gates = pod(with_adapters(IMAGE_ADAPTERS))["readinessGates"]
+    assert gates == [{"conditionType": "kvserve.io/adapters-synced"}]
 
 
 def test_another_adapter_from_the_image_or_a_mounted_claim_leaves_the_template_alone() -> None:
@@ -98,6 +100,7 @@ def test_no_adapters_no_lora_flags() -> None:
     s = server(owner("cpu-demo.yaml"))
     assert "--enable-lora" not in s["args"]
     assert all(e["name"] != "KVSERVE_ALLOW_RUNTIME_LORA_UPDATING" for e in s["env"])
+    assert "readinessGates" not in pod(owner("cpu-demo.yaml"))
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ def test_a_pod_that_does_not_answer_fails_every_wanted_adapter() -> None:
         port = s.getsockname()[1]
     result = sync_pod(f"127.0.0.1:{port}", "demo", {"pirate": "/a/pirate"})
     assert result == PodSync(
-        frozenset(), {"pirate": "not reachable: [Errno 111] Connection refused"}
+        frozenset(), {"pirate": "not reachable: [Errno 111] Connection refused"}, answered=False
     )
 
 
@@ -100,10 +100,13 @@ def test_a_real_server_is_brought_to_the_list(tmp_path: Path) -> None:
         }
 
 
-def test_only_ready_live_pods_with_an_ip_are_synced() -> None:
+def test_only_live_pods_whose_server_is_ready_with_an_ip_are_synced() -> None:
     ready = {
         "metadata": {"name": "p"},
-        "status": {"podIP": "10.244.0.7", "conditions": [{"type": "Ready", "status": "True"}]},
+        "status": {
+            "podIP": "10.244.0.7",
+            "conditions": [{"type": "ContainersReady", "status": "True"}],
+        },
     }
     assert pod_address(ready) == "10.244.0.7:8000"
     not_ready = {**ready, "status": {**ready["status"], "conditions": []}}
