@@ -35,7 +35,8 @@ class PodSync:
     served: frozenset[str]
     failed: Mapping[str, str]
     answered: bool = True
-    """Whether the server answered its list, before and after the calls."""
+    """Whether the server answered, an HTTP error included (e.g. 401 to the operator, which
+    holds no API key): it runs, and the status reports what it refused."""
 
 
 def served_adapters(models: dict[str, Any], base: str) -> dict[str, str]:
@@ -95,7 +96,8 @@ def sync_pod(address: str, base: str, wanted: Mapping[str, str]) -> PodSync:
     try:
         served = _served(root, base)
     except (OSError, ValueError) as e:
-        return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)), answered=False)
+        answered = isinstance(e, urllib.error.HTTPError)
+        return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)), answered)
     unload, load = sync_plan(wanted, served)
     failed: dict[str, str] = {}
     for name in unload:
@@ -116,7 +118,8 @@ def sync_pod(address: str, base: str, wanted: Mapping[str, str]) -> PodSync:
     try:
         served = _served(root, base)
     except (OSError, ValueError) as e:
-        return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)), answered=False)
+        answered = isinstance(e, urllib.error.HTTPError)
+        return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)), answered)
     now = frozenset(n for n, path in wanted.items() if served.get(n) == path)
     left = {n: failed.get(n, "not served after it was loaded") for n in wanted if n not in now}
     return PodSync(now, left)

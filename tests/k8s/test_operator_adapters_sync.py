@@ -100,6 +100,17 @@ def test_a_real_server_is_brought_to_the_list(tmp_path: Path) -> None:
         }
 
 
+def test_a_server_that_wants_an_api_key_answers_the_operator_with_its_own_401(
+    tmp_path: Path,
+) -> None:
+    """The operator holds no Secret: a pod started with ``apiKeySecret`` refuses it, which the
+    adapter's state quotes; the pod did answer, so its readiness gate opens."""
+    with ServerProcess(DEMO, "--device", "cpu", log=tmp_path / "server.log") as server:
+        address = server.url.removeprefix("http://")
+        result = sync_pod(address, DEMO_NAME, {"pirate": "/a/pirate"})
+    assert result == PodSync(frozenset(), {"pirate": "HTTP 401: missing or invalid API key"})
+
+
 def test_only_live_pods_whose_server_is_ready_with_an_ip_are_synced() -> None:
     ready = {
         "metadata": {"name": "p"},
