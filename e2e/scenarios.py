@@ -3,8 +3,9 @@
 Run in order, each on what the previous ones left (see README.md): install the operator, serve
 the demo model, scale it to zero, fail a download that cannot resolve its hub, scale, roll,
 replace a pod, survive an invalid spec, delete; then serve with two tensor-parallel ranks on a
-pod's CPUs, the image's real model, and LoRA adapters added without a restart. Each returns a one-line summary and raises on the first failed check; after each,
-the operator's log must hold no Forbidden answer and no traceback. A new scenario (e.g.
+pod's CPUs, the image's real model, and LoRA adapters added without a restart. Each returns a
+one-line summary and raises on the first failed check; after each, the operator's log must
+hold no Forbidden answer and no traceback. A new scenario (e.g.
 autoscaling) is one function and one entry in ``SCENARIOS``.
 
     python e2e/scenarios.py [--access clusterip|port-forward] [--only NAME ...]
