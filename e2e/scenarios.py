@@ -3,8 +3,9 @@
 Run in order, each on what the previous ones left (see README.md): install the operator, serve
 the demo model, scale it to zero, fail a download that cannot resolve its hub, scale, roll,
 replace a pod, survive an invalid spec, delete; then serve with two tensor-parallel ranks on a
-pod's CPUs. Each returns a one-line summary and raises on the first failed check; after each,
-the operator's log must hold no Forbidden answer and no traceback. A new scenario (e.g.
+pod's CPUs, the image's real model, and LoRA adapters added without a restart. Each returns a
+one-line summary and raises on the first failed check; after each, the operator's log must
+hold no Forbidden answer and no traceback. A new scenario (e.g.
 autoscaling) is one function and one entry in ``SCENARIOS``.
 
     python e2e/scenarios.py [--access clusterip|port-forward] [--only NAME ...]
@@ -734,6 +735,88 @@ def real_model_answers(ctx: Context) -> str:
     return f"pod {pod.metadata.name}: {served} answered {content!r}"
 
 
+IMAGE_ADAPTERS = "/opt/kvserve/adapters"
+"""The demo model's LoRA adapters that e2e/Dockerfile bakes (e2e/make_adapters.py)."""
+
+
+def _adapters_loaded(ctx: Context, names: list[str]) -> dict[str, Any] | None:
+    """The resource once its status, for the current generation, shows exactly ``names``
+    Loaded and ``AdaptersReady`` True."""
+    body = ctx.llmd()
+    status = body.get("status") or {}
+    if status.get("observedGeneration") != body["metadata"]["generation"]:
+        return None
+    shown = [(a["name"], a["state"]) for a in status.get("adapters") or []]
+    ready = condition(body, "AdaptersReady")
+    loaded = shown == [(n, "Loaded") for n in names] and ready and ready["status"] == "True"
+    return body if loaded else None
+
+
+def _greedy_answers(ctx: Context, models: list[str], tries: int) -> dict[str, str]:
+    """Each model's greedy answer through the Service, asked ``tries`` times on fresh
+    connections (kube-proxy spreads them over the pods): every answer names the model asked
+    for and is the same each time."""
+    answers: dict[str, str] = {}
+    with ctx.cluster.service_url(ctx.namespace, ctx.name, HTTP_PORT) as base:
+        for model in models:
+            seen = set()
+            for _ in range(tries):
+                with openai_client(base) as ai:
+                    answer = ai.chat.completions.create(
+                        model=model,
+                        messages=[{"role": "user", "content": "Hello"}],
+                        temperature=0,
+                        max_tokens=8,
+                    )
+                assert answer.model == model, (model, answer)
+                seen.add(answer.choices[0].message.content or "")
+            assert len(seen) == 1, (model, seen)
+            answers[model] = seen.pop()
+    return answers
+
+
+def adapters_load_without_restart(ctx: Context) -> str:
+    """Two LoRA adapters (paths in the image) answer as each through the Service, unlike the
+    model and each other; a third added to the spec reaches both running pods: no pod restarts
+    or is replaced, the Deployment's template is unchanged."""
+    lora = dataclasses.replace(ctx, name=f"{ctx.name}-lora")
+    names = ["pirate", "poet"]
+    spec = demo_spec(replicas=2)
+    spec["adapters"] = [{"name": n, "source": f"{IMAGE_ADAPTERS}/{n}"} for n in names]
+    body = {"apiVersion": "kvserve.io/v1alpha1", "kind": "LLMDeployment",
+            "metadata": {"name": lora.name}, "spec": spec}  # fmt: skip
+    lora.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(body))
+    pods = wait_ready(lora, 2)
+    wait_for(lambda: _adapters_loaded(lora, names), "two adapters loaded", 120)
+    answers = _greedy_answers(lora, [MODEL, *names], tries=4)
+    assert len(set(answers.values())) == 3, answers
+
+    def deployment_generation() -> int:
+        return lora.cluster.apps.read_namespaced_deployment(
+            lora.name, lora.namespace
+        ).metadata.generation
+
+    before = {p.metadata.uid: p.status.container_statuses[0].restart_count for p in pods}
+    generation = deployment_generation()
+    names.append("sage")
+    spec["adapters"].append({"name": "sage", "source": f"{IMAGE_ADAPTERS}/sage"})
+    patch = json.dumps({"spec": {"adapters": spec["adapters"]}})
+    lora.kubectl("patch", "llmd", lora.name, "--type=merge", "-p", patch)
+    wait_for(lambda: _adapters_loaded(lora, names), "the third adapter loaded", 120)
+    sage = _greedy_answers(lora, ["sage"], tries=4)["sage"]
+    assert sage not in answers.values(), (sage, answers)
+    after = {p.metadata.uid: p.status.container_statuses[0].restart_count for p in lora.pods()}
+    assert after == before, (before, after)
+    assert deployment_generation() == generation
+    lora.kubectl("delete", "llmd", lora.name, "--wait=true", "--timeout=180s")
+    wait_for(lambda: not lora.kubectl("get", CHILD_KINDS, "-o", "name").strip(),
+             f"every child of {lora.name} collected", 180)  # fmt: skip
+    return (
+        f"pods {sorted(p.metadata.name for p in pods)}: {', '.join(names)} answer as each; "
+        "sage loaded with no restart and no rollout"
+    )
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -755,6 +838,7 @@ SCENARIOS = [
     Scenario("delete-leaves-nothing", delete_leaves_nothing),
     Scenario("tensor-parallel-cpu", tensor_parallel_on_cpu),
     Scenario("real-model-answers", real_model_answers),
+    Scenario("adapters-load-without-restart", adapters_load_without_restart),
 ]
 
 

@@ -28,6 +28,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from kvserve.operator.adapters import (
+    FETCH_ADAPTER_PREFIX,
+    HF_ADAPTERS_DIR,
+    HF_VOLUME,
+    adapter_args,
+    adapter_env,
+    adapter_mounts,
+    adapter_readiness_gates,
+    adapter_volumes,
+    hf_adapters,
+)
 from kvserve.operator.quantity import parse_quantity
 from kvserve.operator.resource import HTTP_PORT, child_metadata, labels, selector_labels
 from kvserve.operator.spec import LLMDeploymentSpec, ModelSource
@@ -73,7 +84,7 @@ def serve_args(name: str, spec: LLMDeploymentSpec, source: ModelSource) -> list[
     ]  # fmt: skip
     if engine.kv_events.enabled:
         args += ["--kv-events-config", kv_events_config(spec, name)]
-    return args + list(spec.extra_args)
+    return args + adapter_args(spec) + list(spec.extra_args)
 
 
 def engine_flags(engine: BaseModel, defaulted: bool) -> list[str]:
@@ -128,7 +139,7 @@ def server_env(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
         ours.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
     if spec.api_key_secret is not None:
         ours.append(_secret_env("KVSERVE_API_KEY", spec.api_key_secret))
-    return _merged_env(ours, spec)
+    return _merged_env(ours + adapter_env(spec), spec)
 
 
 def _merged_env(ours: list[dict[str, Any]], spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
@@ -168,7 +179,11 @@ def _model_volume(source: ModelSource) -> dict[str, Any] | None:
     return None
 
 
-def _fetch_container(spec: LLMDeploymentSpec, source: ModelSource, image: str) -> dict:
+def _fetch_container(
+    spec: LLMDeploymentSpec, image: str, name: str, args: list[str], mount: dict[str, Any]
+) -> dict:
+    """An init container that runs ``FETCH_SCRIPT`` with ``args`` (repository, revision,
+    directory) and writes into ``mount``."""
     ours: list[dict[str, Any]] = [
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": "/tmp/hf"},
@@ -176,16 +191,13 @@ def _fetch_container(spec: LLMDeploymentSpec, source: ModelSource, image: str) -
     if spec.model.hub_token_secret is not None:
         ours.append(_secret_env("HF_TOKEN", spec.model.hub_token_secret))
     container: dict[str, Any] = {
-        "name": FETCH_CONTAINER,
+        "name": name,
         "image": image,
         "command": ["python", "-c", FETCH_SCRIPT],
-        "args": [source.location, spec.model.revision or "", HF_MODEL_DIR],
+        "args": args,
         "env": _merged_env(ours, spec),
         "securityContext": _security_context(),
-        "volumeMounts": [
-            {"name": "model", "mountPath": MODELS_DIR},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
+        "volumeMounts": [mount, {"name": "tmp", "mountPath": "/tmp"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.image_pull_policy:
@@ -232,6 +244,8 @@ def render_deployment(
     if model_volume is not None:
         volumes.append(model_volume)
         mounts.append({"name": "model", "mountPath": MODELS_DIR, "readOnly": True})
+    volumes += adapter_volumes(spec)
+    mounts += adapter_mounts(spec)
     server: dict[str, Any] = {
         "name": SERVER_CONTAINER,
         "image": image,
@@ -273,8 +287,25 @@ def render_deployment(
         "containers": [server],
         "volumes": volumes,
     }
+    init = [
+        _fetch_container(
+            spec,
+            image,
+            f"{FETCH_ADAPTER_PREFIX}{a.name}",
+            [a.source.location, "", a.path],
+            {"name": HF_VOLUME, "mountPath": HF_ADAPTERS_DIR},
+        )
+        for a in hf_adapters(spec)
+    ]
     if source.scheme == "hf":
-        pod["initContainers"] = [_fetch_container(spec, source, image)]
+        model_args = [source.location, spec.model.revision or "", HF_MODEL_DIR]
+        model_mount = {"name": "model", "mountPath": MODELS_DIR}
+        init.insert(0, _fetch_container(spec, image, FETCH_CONTAINER, model_args, model_mount))
+    if init:
+        pod["initContainers"] = init
+    gates = adapter_readiness_gates(spec)
+    if gates:
+        pod["readinessGates"] = gates
     if node_selector:
         pod["nodeSelector"] = node_selector
     if tolerations:

@@ -35,6 +35,7 @@ import kopf
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from kvserve.operator.adapter_status import CONDITION as ADAPTERS_CONDITION
 from kvserve.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvserve.operator.kube import Kube, api_message, namespace_terminating
 from kvserve.operator.model_load import CONDITION as LOAD_CONDITION
@@ -123,7 +124,7 @@ def _warn(owner: dict[str, Any], reason: str, message: str) -> None:
     kopf.warn(owner, reason=reason, message=message)  # type: ignore[arg-type]
 
 
-WARNED_CONDITIONS = (POOL_CONDITION, LOAD_CONDITION)
+WARNED_CONDITIONS = (POOL_CONDITION, LOAD_CONDITION, ADAPTERS_CONDITION)
 """Conditions whose turning False (or changing reason while False) posts one Warning Event."""
 
 

@@ -110,6 +110,14 @@ class Kube:
         path = collection_path(api_version, kind, namespace)
         return self._call("GET", path, query=[("labelSelector", selector)])["items"]
 
+    def set_pod_condition(self, namespace: str, name: str, kind: str) -> None:
+        """Set the condition ``kind`` of a pod True (a readiness gate's); the pod's other
+        conditions stay (a strategic merge by type)."""
+        path = object_path("v1", "Pod", namespace, name) + "/status"
+        condition = {"type": kind, "status": "True"}
+        body = {"status": {"conditions": [condition]}}
+        self._call("PATCH", path, body, "application/strategic-merge-patch+json")
+
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         """Delete if present; return whether there was something to delete."""
         try:

@@ -10,8 +10,9 @@ readiness period (5 s). The API server keeps both times to the second.
 - ``False``: a pod that is not Ready has a server container that terminated (now or before its
   last restart, any exit code) or cannot start (a waiting reason other than ``ContainerCreating``
   and ``PodInitializing``, such as ``CrashLoopBackOff`` or ``ImagePullBackOff``): the reason is
-  the kubelet's (``OOMKilled``, ``Error``, ...); or its model download (the init container)
-  exited with an error: reason ``DownloadFailed``, the kubelet's in the message. The message
+  the kubelet's (``OOMKilled``, ``Error``, ...); or a download (the model's init container,
+  or an ``hf://`` adapter's) exited with an error: reason ``DownloadFailed``, the kubelet's in
+  the message. The message
   quotes the termination message: for the download, the line ``fetch_model`` writes naming the
   cause; for the server, its log's tail.
 - ``Unknown``: pods are starting (``Loading``), or there are none (``NoPods``).
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from kvserve.operator.adapters import FETCH_ADAPTER_PREFIX
 from kvserve.operator.deployment import FETCH_CONTAINER, SERVER_CONTAINER
 
 CONDITION = "ModelLoaded"
@@ -80,13 +82,16 @@ def _failure(pod: dict[str, Any]) -> tuple[str, str] | None:
     """(reason, message) of why ``pod`` failed to load the model, or None."""
     if _ready_since(pod) is not None:
         return None
-    fetch = _container(pod, "initContainerStatuses", FETCH_CONTAINER)
-    fetch_ended = (fetch.get("state") or {}).get("terminated") or (
-        fetch.get("lastState") or {}
-    ).get("terminated")
-    if fetch_ended and fetch_ended.get("exitCode"):
-        _, message = _terminated(FETCH_CONTAINER, fetch_ended, fetch.get("restartCount", 0))
-        return DOWNLOAD_FAILED, message
+    for fetch in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        name = fetch.get("name", "")
+        if name != FETCH_CONTAINER and not name.startswith(FETCH_ADAPTER_PREFIX):
+            continue
+        fetch_ended = (fetch.get("state") or {}).get("terminated") or (
+            fetch.get("lastState") or {}
+        ).get("terminated")
+        if fetch_ended and fetch_ended.get("exitCode"):
+            _, message = _terminated(name, fetch_ended, fetch.get("restartCount", 0))
+            return DOWNLOAD_FAILED, message
     server = _container(pod, "containerStatuses", SERVER_CONTAINER)
     state, last = server.get("state") or {}, server.get("lastState") or {}
     ended = state.get("terminated") or last.get("terminated")

@@ -12,6 +12,9 @@ renders it, and each has one place in the spec (or is fixed):
 - ``--device``: ``resources.gpus`` (the pod's GPU request);
 - ``--shutdown-timeout``: ``drain.timeoutSeconds`` (the termination grace period covers it);
 - ``--kv-events-config``: ``engine.kvEvents`` (its container port and ``POD_NAME``);
+- ``--enable-lora``, ``--lora-modules``, ``--allow-runtime-lora-updating``: ``adapters``
+  (``adapters``: the ``hf://`` ones are started with, the others loaded at run time, which the
+  last one allows);
 - ``--api-key``: ``apiKeySecret`` (as a flag it would beat the Secret's ``KVSERVE_API_KEY``,
   in plain text in the pod's spec);
 - every setting of the CRD's ``engine`` block (``CRD_ENGINE_SETTINGS``: ``--dtype``,
@@ -40,6 +43,11 @@ FIXED: dict[str, str] = {
     "--shutdown-timeout": "set by spec.drain.timeoutSeconds",
     "--kv-events-config": "set by spec.engine.kvEvents",
     "--api-key": "set by spec.apiKeySecret",
+    "--enable-lora": "set by spec.adapters",
+    "--no-enable-lora": "set by spec.adapters",
+    "--lora-modules": "set by spec.adapters",
+    "--allow-runtime-lora-updating": "set by spec.adapters",
+    "--no-allow-runtime-lora-updating": "set by spec.adapters",
 }
 """The owned flags outside the CRD's ``engine`` settings, and where each is set."""
 

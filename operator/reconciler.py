@@ -12,6 +12,10 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from kvserve.operator.adapter_status import CONDITION as ADAPTERS_CONDITION
+from kvserve.operator.adapter_status import adapter_report
+from kvserve.operator.adapter_sync import PodSync, pod_address, sync_pod
+from kvserve.operator.adapters import ADAPTERS_GATE, adapters
 from kvserve.operator.children import desired_children, obsolete_children
 from kvserve.operator.discovery import INFERENCE_POOL_VERSION, discover
 from kvserve.operator.inference_pool import CONDITION as POOL_CONDITION
@@ -20,7 +24,7 @@ from kvserve.operator.kube import Kube, api_message
 from kvserve.operator.metrics_source import CONDITION, MetricsSource
 from kvserve.operator.names import name_problem
 from kvserve.operator.resource import selector_string
-from kvserve.operator.spec import InferencePoolSpec, InvalidSpec
+from kvserve.operator.spec import InferencePoolSpec, InvalidSpec, LLMDeploymentSpec
 from kvserve.operator.status import build_status, reported_problem, with_condition
 from kvserve.operator.validation import validated
 
@@ -50,10 +54,14 @@ class Reconciler:
         deployment: dict[str, Any] | None,
         problem: tuple[str, str] | None = None,
         pool: tuple[InferencePoolSpec, bool] | None = None,
+        spec: LLMDeploymentSpec | None = None,
     ) -> dict[str, Any]:
         """``build_status`` from the Deployment and the pods; with the ``InferencePool``
         condition when ``pool`` (the spec's pool, whether the cluster serves its API) is given,
-        and the ``CustomMetrics`` condition when an HPA scales ``owner``.
+        ``adapters`` and the ``AdaptersReady`` condition when the valid ``spec`` has adapters
+        (each Ready pod is synced to them first: ``adapter_sync``; a valid spec without any
+        clears ``adapters``), and the ``CustomMetrics``
+        condition when an HPA scales ``owner``.
 
         The pods are listed by the selector of ``owner``'s name only if that name passes
         ``name_problem``: one that fails it has no pods (nothing was applied), and one longer
@@ -67,11 +75,40 @@ class Reconciler:
         status = build_status(owner, deployment, problem, pods)
         if pool is not None:
             status = with_condition(status, owner, POOL_CONDITION, *pool_condition(owner, *pool))
+        if spec is not None and not spec.adapters and "adapters" in (owner.get("status") or {}):
+            status = {**status, "adapters": None}  # a merge patch deletes a key set to null
+        if spec is not None and spec.adapters:
+            entries, served = adapter_report(spec.adapters, self._sync_adapters(owner, spec, pods))
+            status = with_condition(
+                {**status, "adapters": entries}, owner, ADAPTERS_CONDITION, *served
+            )
         scaling = owner["spec"].get("autoscaling")
         if not isinstance(scaling, dict) or scaling.get("controller", "HPA") != "HPA":
             return status
         verdict = self.metrics.verdict()
         return status if verdict is None else with_condition(status, owner, CONDITION, *verdict)
+
+    def _sync_adapters(
+        self, owner: dict[str, Any], spec: LLMDeploymentSpec, pods: list[dict[str, Any]]
+    ) -> dict[str, PodSync]:
+        """Each pod whose server is ready brought to the spec's adapters, by pod name; the
+        first sync a pod answers opens its readiness gate (``adapters.ADAPTERS_GATE``)."""
+        base = spec.model.served_name or owner["metadata"]["name"]
+        wanted = {a.name: a.path for a in adapters(spec)}
+        synced = {}
+        for pod in pods:
+            address = pod_address(pod)
+            if address is None:
+                continue
+            meta = pod["metadata"]
+            synced[meta["name"]] = result = sync_pod(address, base, wanted)
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            gate: dict[str, Any] = next(
+                (c for c in conditions if c.get("type") == ADAPTERS_GATE), {}
+            )
+            if result.answered and gate.get("status") != "True":
+                self.kube.set_pod_condition(meta["namespace"], meta["name"], ADAPTERS_GATE)
+        return synced
 
     def _remove_stale_pools(self, owner: dict[str, Any], keep: str | None) -> None:
         meta = owner["metadata"]
@@ -118,11 +155,11 @@ class Reconciler:
         if apis.inference_pool:
             self._remove_stale_pools(owner, None if wanted is None else pool_name(owner, wanted))
         pool = None if wanted is None else (wanted, apis.inference_pool)
-        return Outcome(self._status(owner, deployment, pool=pool), None)
+        return Outcome(self._status(owner, deployment, pool=pool, spec=spec), None)
 
     def status(self, owner: dict[str, Any]) -> Outcome:
         """The status from the Deployment as it is now, without applying anything."""
-        problem, pool = None, None
+        problem, pool, spec = None, None, None
         try:
             spec, _ = validated(owner)
         except InvalidSpec as e:
@@ -134,4 +171,5 @@ class Reconciler:
         observed = (owner.get("status") or {}).get("observedGeneration")
         if problem is None and observed == owner["metadata"].get("generation"):
             problem = reported_problem(owner)  # e.g. ApplyFailed: holds until the spec changes
-        return Outcome(self._status(owner, self._deployment(owner), problem, pool), problem)
+        status = self._status(owner, self._deployment(owner), problem, pool, spec)
+        return Outcome(status, problem)

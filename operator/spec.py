@@ -128,6 +128,13 @@ class DrainSpec(_Spec):
     timeout_seconds: int = Field(120, alias="timeoutSeconds")
 
 
+class AdapterSpec(_Spec):
+    """A LoRA adapter the pods serve next to the model, under ``name``."""
+
+    name: str
+    source: str
+
+
 class LLMDeploymentSpec(_Spec):
     model: ModelSpec
     replicas: int = 1
@@ -141,6 +148,7 @@ class LLMDeploymentSpec(_Spec):
     env: list[dict[str, Any]] = Field(default_factory=list)
     drain: DrainSpec = Field(default_factory=DrainSpec)
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    adapters: list[AdapterSpec] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -167,28 +175,60 @@ _HF_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-def parse_model_source(source: str) -> ModelSource:
+def parse_model_source(source: str, field: str = "model.source") -> ModelSource:
+    """``source`` (the model's, or an adapter's: ``field`` names it in the error)."""
     if source.startswith("/"):
         return ModelSource("image", source)
     scheme, sep, rest = source.partition("://")
     if not sep:
         raise InvalidSpec(
-            f"model.source {source!r} is neither hf://org/name, pvc://claim/path "
+            f"{field} {source!r} is neither hf://org/name, pvc://claim/path "
             "nor an absolute path inside the image"
         )
     if scheme == "hf":
         if not _HF_REPO.match(rest) or ".." in rest:
-            raise InvalidSpec(f"model.source {source!r}: expected hf://org/name")
+            raise InvalidSpec(f"{field} {source!r}: expected hf://org/name")
         return ModelSource("hf", rest)
     if scheme == "pvc":
         claim, _, path = rest.partition("/")
         if not _DNS_NAME.match(claim) or ".." in path.split("/"):
-            raise InvalidSpec(f"model.source {source!r}: expected pvc://claim/path")
+            raise InvalidSpec(f"{field} {source!r}: expected pvc://claim/path")
         return ModelSource("pvc", claim, path.strip("/"))
     raise InvalidSpec(
-        f"model.source {source!r}: unknown scheme {scheme!r} (use hf://, pvc:// "
+        f"{field} {source!r}: unknown scheme {scheme!r} (use hf://, pvc:// "
         "or an absolute path inside the image)"
     )
+
+
+_ADAPTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+ADAPTER_NAME_MAX = 49
+"""``fetch-adapter-`` and the name make an init container's name, a DNS label (63)."""
+
+
+def adapters_problem(spec: LLMDeploymentSpec, name: str) -> str | None:
+    """Why ``spec.adapters`` cannot be served by the LLMDeployment ``name``, or None: each
+    adapter's name is a DNS label short enough to name its init container
+    (``ADAPTER_NAME_MAX``), unique, and not the model's own served name (clients pick an
+    adapter by its name as the request's model); each source parses as the model's does."""
+    served = spec.model.served_name or name
+    seen: set[str] = set()
+    for i, adapter in enumerate(spec.adapters):
+        where = f"adapters[{i}]"
+        if not _ADAPTER_NAME.match(adapter.name) or len(adapter.name) > ADAPTER_NAME_MAX:
+            return (
+                f"{where}.name {adapter.name!r} is not a DNS label of {ADAPTER_NAME_MAX} "
+                "characters at most (a-z, 0-9, '-')"
+            )
+        if adapter.name in seen:
+            return f"{where}.name {adapter.name!r} is given twice"
+        if adapter.name == served:
+            return f"{where}.name {adapter.name!r} is the model's served name"
+        seen.add(adapter.name)
+        try:
+            parse_model_source(adapter.source, f"{where}.source")
+        except InvalidSpec as e:
+            return str(e)
+    return None
 
 
 def parse_spec(raw: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:

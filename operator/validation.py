@@ -13,7 +13,13 @@ from kvserve.operator.deployment import serve_args, server_env
 from kvserve.operator.names import name_problem
 from kvserve.operator.owned_flags import owned_flags_problem
 from kvserve.operator.server_args import server_refusal
-from kvserve.operator.spec import InvalidSpec, LLMDeploymentSpec, ModelSource, parse_spec
+from kvserve.operator.spec import (
+    InvalidSpec,
+    LLMDeploymentSpec,
+    ModelSource,
+    adapters_problem,
+    parse_spec,
+)
 
 
 class InvalidName(InvalidSpec):
@@ -26,6 +32,9 @@ def validated(owner: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
     if problem is not None:
         raise InvalidName(problem)
     spec, source = parse_spec(dict(owner["spec"]))
+    adapters = adapters_problem(spec, name)
+    if adapters is not None:
+        raise InvalidSpec(adapters)
     owned = owned_flags_problem(spec.extra_args)
     if owned is not None:
         raise InvalidSpec(owned)

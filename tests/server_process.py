@@ -23,16 +23,25 @@ def _free_port() -> int:
 
 class ServerProcess:
     """``with ServerProcess(model, "--max-num-seqs", "4") as server:`` → ready to serve;
-    ``model`` None: no ``--model`` (the default model, under its own name)."""
+    ``model`` None: no ``--model`` (the default model, under its own name); ``api_key`` None:
+    none asked for; ``address``: (host, port) to listen on instead of a free loopback port."""
 
-    def __init__(self, model: Path | None, *args: str, log: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+    def __init__(
+        self,
+        model: Path | None,
+        *args: str,
+        log: Path,
+        api_key: str | None = API_KEY,
+        address: tuple[str, int] | None = None,
+    ) -> None:
+        host, self.port = address or ("127.0.0.1", _free_port())
+        self.url = f"http://{host}:{self.port}"
         self.log = log
         named = [] if model is None else ["--model", str(model), "--served-model-name", "tiny"]
         self.command = [
             str(KVSERVE), "serve", *named,
-            "--host", "127.0.0.1", "--port", str(self.port), "--api-key", API_KEY, *args,
+            "--host", host, "--port", str(self.port),
+            *(["--api-key", api_key] if api_key else []), *args,
         ]  # fmt: skip
         self.process: subprocess.Popen | None = None
 

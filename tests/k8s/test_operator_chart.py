@@ -45,6 +45,7 @@ RULES = [
     {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
      "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]  # fmt: skip
 """Exactly what the operator calls: the SA-run cluster tests fail on any missing verb."""

@@ -126,6 +126,21 @@ def test_a_failed_download_quotes_the_line_naming_its_cause() -> None:
     )
 
 
+def test_a_failed_adapter_download_fails_the_pod_by_its_container() -> None:
+    line = "cannot download org/sql-lora from http://hub.invalid: RepositoryNotFoundError: 404\n"
+    p = pod("demo-a", server={"state": {"waiting": {"reason": "PodInitializing"}}})
+    model = {"name": "fetch-model", "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}
+    adapter = {"name": "fetch-adapter-sql", **crashed(1, "Error", line, restarts=1)}
+    p["status"]["initContainerStatuses"] = [model, adapter]
+    assert model_load([p]) == ModelLoad(
+        False,
+        "DownloadFailed",
+        "1/1 pods failed to load; demo-a: container fetch-adapter-sql exited with code 1 "
+        "(Error), restarted 1 times: cannot download org/sql-lora from http://hub.invalid: "
+        "RepositoryNotFoundError: 404",
+    )
+
+
 def test_an_image_that_cannot_be_pulled() -> None:
     pull = {"state": {"waiting": {"reason": "ImagePullBackOff",
                                   "message": 'Back-off pulling image "kvserve:nope"'}}}  # fmt: skip

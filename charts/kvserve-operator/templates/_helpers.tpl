@@ -25,7 +25,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/*
 Exactly the verbs the operator uses. kopf lists and watches every kind it handles and patches
 its annotations on LLMDeployments; the operator reads LLMDeployments and Deployments, lists
-their pods (ModelLoaded) and InferencePools, writes children with server-side apply (create +
+their pods (ModelLoaded) and InferencePools, sets a pod's adapters readiness gate (pods/status),
+writes children with server-side apply (create +
 patch) and the status with a patch, deletes only an HPA or InferencePool that a spec stops
 asking for, and posts Events. Everything else goes with its LLMDeployment
 through owner references and the garbage collector.
@@ -58,6 +59,9 @@ through owner references and the garbage collector.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
+- apiGroups: [""]
+  resources: [pods/status]
+  verbs: [patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
