@@ -87,6 +87,12 @@ def serve_args(name: str, spec: LLMDeploymentSpec, source: ModelSource) -> list[
     return args + adapter_args(spec) + list(spec.extra_args)
 
 
+def pipeline_args(spec: LLMDeploymentSpec) -> list[str]:
+    """vLLM's ``--pipeline-parallel-size``, for a spec that splits the layers in stages."""
+    pp = spec.engine.pipeline_parallel_size
+    return [] if pp == 1 else ["--pipeline-parallel-size", str(pp)]
+
+
 def engine_flags(engine: BaseModel, defaulted: bool) -> list[str]:
     """The flags of ``spec.engine``'s declared settings (``CRD_ENGINE_SETTINGS``, in their
     order) whose default the CRD gives (always set), or else those the spec sets."""
@@ -250,7 +256,7 @@ def render_deployment(
         "name": SERVER_CONTAINER,
         "image": image,
         "command": ["kvserve"],
-        "args": serve_args(name, spec, source),
+        "args": serve_args(name, spec, source) + pipeline_args(spec),
         "ports": _ports(spec),
         "env": server_env(spec),
         "resources": _resources(spec),
