@@ -21,7 +21,16 @@ import yaml
 from cluster import wait_for
 from kubernetes.client import V1Pod
 from rollout import HTTP_PORT
-from scenarios import API, CHILD_KINDS, READY_TIMEOUT, Context, _ready, _warnings, condition, demo_spec
+from scenarios import (
+    API,
+    CHILD_KINDS,
+    READY_TIMEOUT,
+    Context,
+    _ready,
+    _warnings,
+    condition,
+    demo_spec,
+)
 from traffic import MODEL, openai_client, stream_completion
 
 from kvserve.operator.leader_worker_set import (
@@ -62,15 +71,15 @@ def _apply(ctx: Context, spec: dict[str, Any]) -> None:
 
 def _greedy(ctx: Context) -> str:
     """16 greedy tokens (EOS ignored) through the LLMDeployment's Service."""
-    with ctx.cluster.service_url(ctx.namespace, ctx.name, HTTP_PORT) as base:
-        with openai_client(base) as ai:
-            answer = ai.completions.create(
-                model=MODEL,
-                prompt=PROMPT,
-                max_tokens=16,
-                temperature=0,
-                extra_body={"ignore_eos": True},
-            )
+    url = ctx.cluster.service_url(ctx.namespace, ctx.name, HTTP_PORT)
+    with url as base, openai_client(base) as ai:
+        answer = ai.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=16,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
     (choice,) = answer.choices
     assert (choice.finish_reason, answer.usage and answer.usage.completion_tokens) == (
         "length",

@@ -92,8 +92,8 @@ class Reconciler:
         if pool is not None:
             status = with_condition(status, owner, POOL_CONDITION, *pool_condition(owner, *pool))
         if spec is not None and apis is not None and grouped(spec):
-            served = lws_condition(apis.leader_worker_set, pods_per_replica(spec))
-            status = with_condition(status, owner, GROUP_CONDITION, *served)
+            groups = lws_condition(apis.leader_worker_set, pods_per_replica(spec))
+            status = with_condition(status, owner, GROUP_CONDITION, *groups)
         if spec is not None and not spec.adapters and "adapters" in (owner.get("status") or {}):
             status = {**status, "adapters": None}  # a merge patch deletes a key set to null
         if spec is not None and spec.adapters:
