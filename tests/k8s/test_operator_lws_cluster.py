@@ -54,6 +54,12 @@ def _lws(kube: Kube, ns: str) -> dict[str, Any] | None:
     return kube.get(LWS_API, "LeaderWorkerSet", ns, "cpu-demo")
 
 
+def _stored(kube: Kube, api_version: str, kind: str, ns: str) -> dict[str, Any]:
+    found = kube.get(api_version, kind, ns, "cpu-demo")
+    assert found is not None, kind
+    return found
+
+
 def test_group_applied_scaled_and_reported_from_its_leaders(
     plane: ControlPlane, operator: Operator, kube: Kube
 ) -> None:
@@ -92,7 +98,7 @@ def test_group_applied_scaled_and_reported_from_its_leaders(
     custom.patch_namespaced_custom_object_scale(
         GROUP, VERSION, ns, PLURAL, "cpu-demo", {"spec": {"replicas": 2}}
     )
-    assert _lws(kube, ns)["spec"]["replicas"] == 2  # type: ignore[index]
+    assert _stored(kube, LWS_API, "LeaderWorkerSet", ns)["spec"]["replicas"] == 2
 
     # The controller's report: two groups, one whose leader and worker are all ready.
     status = {
@@ -100,7 +106,9 @@ def test_group_applied_scaled_and_reported_from_its_leaders(
         "readyReplicas": 1,
         "updatedReplicas": 2,
         "hpaPodSelector": HPA_POD_SELECTOR,
-        "observedGeneration": _lws(kube, ns)["metadata"]["generation"],  # type: ignore[index]
+        "observedGeneration": _stored(kube, LWS_API, "LeaderWorkerSet", ns)["metadata"][
+            "generation"
+        ],
     }
     custom.patch_namespaced_custom_object_status(
         GROUP, VERSION, ns, PLURAL, "cpu-demo", {"status": status}
@@ -169,4 +177,4 @@ def test_switching_between_deployment_and_group_deletes_the_other(
         lambda: kube.get("apps/v1", "Deployment", ns, "cpu-demo") is None,
         "the Deployment deleted",
     )
-    assert kube.get("v1", "Service", ns, "cpu-demo")["spec"]["selector"] == LEADERS  # type: ignore[index]
+    assert _stored(kube, "v1", "Service", ns)["spec"]["selector"] == LEADERS
