@@ -26,10 +26,12 @@ from scenarios import (
     CHILD_KINDS,
     READY_TIMEOUT,
     Context,
+    _answers,
     _ready,
     _warnings,
     condition,
     demo_spec,
+    wait_ready,
 )
 from traffic import MODEL, openai_client, stream_completion
 
@@ -49,17 +51,21 @@ LOST_WORKER_BOUND = 120.0
 PROMPT = "The capital of France is"
 CONNECTED_TO = (
     "import sys; ip = bytes(map(int, sys.argv[1].split('.')))[::-1].hex().upper(); "
-    "print(sum(line.split()[2].startswith(ip) and line.split()[3] == '01' "
-    "for line in open('/proc/net/tcp').readlines()[1:]))"
+    "peers = (ip, '0000000000000000FFFF0000' + ip); "
+    "print(sum(line.split()[2].split(':')[0] in peers and line.split()[3] == '01' "
+    "for f in ('/proc/net/tcp', '/proc/net/tcp6') for line in open(f).readlines()[1:]))"
 )
-"""Counts the pod's established IPv4 TCP connections to the address argv[1]."""
+"""Counts the pod's established TCP connections to the IPv4 address argv[1] (as IPv4, or
+IPv4-mapped IPv6: /proc/net shows each 32-bit word in the host's byte order)."""
 
 
 def _group_spec(ranks_per_pod: int | None) -> dict[str, Any]:
+    """The demo at TP=2: both ranks in one pod (1 CPU, 2Gi, as ``tensor-parallel-cpu``), or
+    ``ranks_per_pod`` each in pods of 500m and 1536Mi."""
     spec = demo_spec() | {"engine": {"maxNumSeqs": 8, "tensorParallelSize": 2}}
-    spec["resources"] = {"cpu": "500m", "memory": "1536Mi"}
+    spec["resources"] = {"cpu": "1", "memory": "2Gi"}
     if ranks_per_pod is not None:
-        spec["resources"]["ranksPerPod"] = ranks_per_pod
+        spec["resources"] = {"cpu": "500m", "memory": "1536Mi", "ranksPerPod": ranks_per_pod}
     return spec
 
 
@@ -127,7 +133,7 @@ def leader_worker_group_serves_as_one_model(ctx: Context) -> str:
 
     # The same two ranks in one pod: the tokens the group must give.
     _apply(grp, _group_spec(ranks_per_pod=None))
-    wait_for(lambda: [p for p in grp.pods() if _ready(p)], "the one-pod TP=2 model", READY_TIMEOUT)
+    wait_ready(grp, 1)
     expected = _greedy(grp)
     _delete(grp)
 
@@ -171,6 +177,7 @@ def leader_worker_group_serves_as_one_model(ctx: Context) -> str:
     assert "--headless" in worker["spec"]["containers"][0]["args"]
 
     wait_for(lambda: _ready(_pod(grp, leader_name)), "the leader Ready", READY_TIMEOUT)
+    wait_for(lambda: _answers(grp), "the leader's Service to answer", 60)
     joined = grp.kubectl("exec", worker_name, "--", "python", "-c", CONNECTED_TO, leader_ip)
     assert int(joined) >= 1, joined
     answered = _greedy(grp)

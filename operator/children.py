@@ -2,9 +2,10 @@
 
 The workload is a Deployment, or a LeaderWorkerSet when one replica spans several pods
 (``leader_worker_set``); then the Service, the InferencePool and the HPA follow the groups'
-leaders. Where the cluster serves no LeaderWorkerSet API, such a spec gets no workload (and no
-HPA): whatever runs from an earlier spec keeps running, and the ``LeaderWorkerSet`` condition
-says why.
+leaders. Where the cluster serves no LeaderWorkerSet API, such a spec gets no workload and no
+HPA, and the ``LeaderWorkerSet`` condition says why; its Service already selects leaders only,
+so a Deployment of an earlier spec, which nothing replaces and which is left in place, is no
+longer behind it.
 """
 
 from typing import Any
@@ -57,12 +58,11 @@ def desired_children(
 ) -> list[dict[str, Any]]:
     """Every child, the workload first (the others refer to its pods)."""
     replicas = desired_replicas(spec, current_replicas)
-    selector = None
+    selector = leader_selector(owner["metadata"]["name"]) if grouped(spec) else None
     if not grouped(spec):
         workload = [render_deployment(owner, spec, source, image, replicas)]
     elif apis.leader_worker_set:
         workload = [render_leader_worker_set(owner, spec, source, image, replicas)]
-        selector = leader_selector(owner["metadata"]["name"])
     else:
         workload = []
     children = [

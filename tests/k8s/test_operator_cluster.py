@@ -513,7 +513,12 @@ def test_group_without_its_api_is_a_condition_and_one_event(
     warning = [{"type": "Warning", "reason": "LeaderWorkerSetAPIMissing", "message": message}]
     assert wait_for(lambda: events_for(plane, ns, "cpu-demo"), "the Event") == warning
     kids = children(kube, ns, "cpu-demo")
-    assert kids["Service"] is not None and kids["PodDisruptionBudget"] is not None
+    assert kids["PodDisruptionBudget"] is not None
+    assert kids["Service"]["spec"]["selector"] == {
+        "app.kubernetes.io/name": "kvserve",
+        "kvserve.io/llmdeployment": "cpu-demo",
+        "leaderworkerset.sigs.k8s.io/worker-index": "0",
+    }
     assert (kids["Deployment"], kids["HorizontalPodAutoscaler"]) == (None, None)
     # A spec change reconciles again (and the status is recomputed): still one Event.
     custom = client.CustomObjectsApi(plane.admin_client())

@@ -278,9 +278,12 @@ def test_one_pod_per_replica_stays_a_deployment_with_its_pipeline_flag() -> None
 
 
 def test_without_the_api_no_workload_and_no_hpa() -> None:
-    """Whatever runs from an earlier spec keeps running; the condition says why."""
+    """The condition says why; the Service selects the leaders the spec asks for (a controller
+    played by hand, as on the e2e node, serves behind it)."""
     scaled = two_node_owner(autoscaling={"maxReplicas": 2, "targetWaitingRequests": 1})
-    assert list(render(scaled, ClusterApis())) == ["Service", "PodDisruptionBudget"]
+    children = render(scaled, ClusterApis())
+    assert list(children) == ["Service", "PodDisruptionBudget"]
+    assert children["Service"]["spec"]["selector"] == LEADERS
 
 
 def test_switching_kinds_deletes_the_other() -> None:
