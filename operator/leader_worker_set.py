@@ -25,7 +25,7 @@ groups spread over nodes need a ReadOnlyMany (or ReadWriteMany) claim.
 
 from typing import Any
 
-from kvserve.operator.deployment import SERVER_CONTAINER, render_deployment
+from kvserve.operator.deployment import render_deployment
 from kvserve.operator.discovery import LEADER_WORKER_SET_VERSION as LWS_VERSION
 from kvserve.operator.resource import child_metadata, selector_labels
 from kvserve.operator.spec import LLMDeploymentSpec, ModelSource, pods_per_replica
@@ -56,20 +56,14 @@ def group_args(headless: bool) -> list[str]:
 
 
 def _with_group_args(template: dict[str, Any], headless: bool) -> dict[str, Any]:
-    pod = dict(template["spec"])
-    containers = []
-    for container in pod["containers"]:
-        if container["name"] == SERVER_CONTAINER:
-            container = {**container, "args": container["args"] + group_args(headless)}
-            if headless:
-                container = {k: v for k, v in container.items() if k not in _LEADER_ONLY}
-        containers.append(container)
-    pod["containers"] = containers
+    """The Deployment's pod ``template`` as a group's leader's, or (``headless``) a worker's."""
+    (server,) = template["spec"]["containers"]
+    server = {**server, "args": server["args"] + group_args(headless)}
     metadata = template["metadata"]
     if headless:
+        server = {k: v for k, v in server.items() if k not in _LEADER_ONLY}
         metadata = {"labels": metadata["labels"]}
-        pod.pop("readinessGates", None)
-    return {"metadata": metadata, "spec": pod}
+    return {"metadata": metadata, "spec": {**template["spec"], "containers": [server]}}
 
 
 def render_leader_worker_set(

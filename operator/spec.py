@@ -264,12 +264,15 @@ def parse_spec(raw: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
         )
         if scaling.controller == "HPA" and no_target:
             raise InvalidSpec("autoscaling needs targetWaitingRequests and/or targetKVCacheUsage")
-    problem = parallelism_problem(spec) or names_problem(spec)
-    if problem is not None:
-        raise InvalidSpec(problem)
+    parallelism = parallelism_problem(spec)
+    if parallelism is not None:
+        raise InvalidSpec(parallelism)
     events = spec.engine.kv_events
     if events.enabled and events.port == HTTP_PORT:
         raise InvalidSpec(f"engine.kvEvents.port {HTTP_PORT} is the server's HTTP port")
+    problem = names_problem(spec)
+    if problem is not None:
+        raise InvalidSpec(problem)
     return spec, source
 
 
