@@ -4,7 +4,8 @@ Kubernetes 1.20 serves ``autoscaling/v2beta2`` and ``policy/v1beta1`` only; 1.23
 ``autoscaling/v2`` and 1.25+ have removed the betas. The operator renders the newest version the
 server offers. The PodMonitor is rendered only where the Prometheus operator's
 ``monitoring.coreos.com`` API exists, the InferencePool only where the Gateway API Inference
-Extension's ``inference.networking.k8s.io/v1`` does.
+Extension's ``inference.networking.k8s.io/v1`` does, the LeaderWorkerSet only where
+``leaderworkerset.x-k8s.io/v1`` does.
 """
 
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ HPA_VERSIONS = ("autoscaling/v2", "autoscaling/v2beta2")
 PDB_VERSIONS = ("policy/v1", "policy/v1beta1")
 POD_MONITOR_VERSION = "monitoring.coreos.com/v1"
 INFERENCE_POOL_VERSION = "inference.networking.k8s.io/v1"
+LEADER_WORKER_SET_VERSION = "leaderworkerset.x-k8s.io/v1"
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,7 @@ class ClusterApis:
     pdb_version: str = "policy/v1"
     pod_monitor: bool = False
     inference_pool: bool = False
+    leader_worker_set: bool = False
 
 
 def _newest(offered: set[str], wanted: tuple[str, ...]) -> str:
@@ -48,4 +51,5 @@ def discover(api: client.ApiClient) -> ClusterApis:
         pdb_version=_newest(offered, PDB_VERSIONS),
         pod_monitor=_serves(api, offered, POD_MONITOR_VERSION, "podmonitors"),
         inference_pool=_serves(api, offered, INFERENCE_POOL_VERSION, "inferencepools"),
+        leader_worker_set=_serves(api, offered, LEADER_WORKER_SET_VERSION, "leaderworkersets"),
     )

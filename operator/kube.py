@@ -24,6 +24,7 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "PodMonitor": "podmonitors",
     "InferencePool": "inferencepools",
+    "LeaderWorkerSet": "leaderworkersets",
     "Pod": "pods",
     "LLMDeployment": PLURAL,
 }

@@ -16,15 +16,27 @@ from kvserve.operator.adapter_status import CONDITION as ADAPTERS_CONDITION
 from kvserve.operator.adapter_status import adapter_report
 from kvserve.operator.adapter_sync import PodSync, pod_address, sync_pod
 from kvserve.operator.adapters import ADAPTERS_GATE, adapters
-from kvserve.operator.children import desired_children, obsolete_children
-from kvserve.operator.discovery import INFERENCE_POOL_VERSION, discover
+from kvserve.operator.children import desired_children, grouped, obsolete_children
+from kvserve.operator.discovery import (
+    INFERENCE_POOL_VERSION,
+    LEADER_WORKER_SET_VERSION,
+    ClusterApis,
+    discover,
+)
 from kvserve.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvserve.operator.inference_pool import pool_condition, pool_name, stale_pools
 from kvserve.operator.kube import Kube, api_message
+from kvserve.operator.leader_worker_set import CONDITION as GROUP_CONDITION
+from kvserve.operator.leader_worker_set import LWS_KIND, lws_condition
 from kvserve.operator.metrics_source import CONDITION, MetricsSource
 from kvserve.operator.names import name_problem
 from kvserve.operator.resource import selector_string
-from kvserve.operator.spec import InferencePoolSpec, InvalidSpec, LLMDeploymentSpec
+from kvserve.operator.spec import (
+    InferencePoolSpec,
+    InvalidSpec,
+    LLMDeploymentSpec,
+    pods_per_replica,
+)
 from kvserve.operator.status import build_status, reported_problem, with_condition
 from kvserve.operator.validation import validated
 
@@ -55,9 +67,13 @@ class Reconciler:
         problem: tuple[str, str] | None = None,
         pool: tuple[InferencePoolSpec, bool] | None = None,
         spec: LLMDeploymentSpec | None = None,
+        apis: ClusterApis | None = None,
     ) -> dict[str, Any]:
-        """``build_status`` from the Deployment and the pods; with the ``InferencePool``
-        condition when ``pool`` (the spec's pool, whether the cluster serves its API) is given,
+        """``build_status`` from the workload (the Deployment, or the LeaderWorkerSet, whose
+        status counts groups: ready when the leader and every worker are) and the pods; with
+        the ``InferencePool`` condition when ``pool`` (the spec's pool, whether the cluster
+        serves its API) is given, the ``LeaderWorkerSet`` condition when the valid ``spec``
+        asks for groups (``apis`` says whether the cluster serves that API),
         ``adapters`` and the ``AdaptersReady`` condition when the valid ``spec`` has adapters
         (each Ready pod is synced to them first: ``adapter_sync``; a valid spec without any
         clears ``adapters``), and the ``CustomMetrics``
@@ -75,6 +91,9 @@ class Reconciler:
         status = build_status(owner, deployment, problem, pods)
         if pool is not None:
             status = with_condition(status, owner, POOL_CONDITION, *pool_condition(owner, *pool))
+        if spec is not None and apis is not None and grouped(spec):
+            groups = lws_condition(apis.leader_worker_set, pods_per_replica(spec))
+            status = with_condition(status, owner, GROUP_CONDITION, *groups)
         if spec is not None and not spec.adapters and "adapters" in (owner.get("status") or {}):
             status = {**status, "adapters": None}  # a merge patch deletes a key set to null
         if spec is not None and spec.adapters:
@@ -117,9 +136,20 @@ class Reconciler:
         for name in stale_pools(listed, owner, keep):
             self.kube.delete(INFERENCE_POOL_VERSION, "InferencePool", ns, name)
 
-    def _deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
+    def _workload(
+        self, owner: dict[str, Any], spec: LLMDeploymentSpec | None
+    ) -> dict[str, Any] | None:
+        """The Deployment, or for a spec of groups the LeaderWorkerSet; for an invalid spec
+        (None) whichever of the two exists, the Deployment first."""
         meta = owner["metadata"]
-        return self.kube.get("apps/v1", "Deployment", meta["namespace"], meta["name"])
+        kinds = [("apps/v1", "Deployment"), (LEADER_WORKER_SET_VERSION, LWS_KIND)]
+        if spec is not None:
+            kinds = kinds[1:] if grouped(spec) else kinds[:1]
+        for api_version, kind in kinds:
+            found = self.kube.get(api_version, kind, meta["namespace"], meta["name"])
+            if found is not None:
+                return found
+        return None
 
     def reconcile(self, owner: dict[str, Any]) -> Outcome:
         """Apply every child the spec asks for, delete the obsolete ones, compute the status.
@@ -133,16 +163,16 @@ class Reconciler:
             spec, source = validated(owner)
         except InvalidSpec as e:
             problem = (e.reason, str(e))
-            return Outcome(self._status(owner, self._deployment(owner), problem), problem)
+            return Outcome(self._status(owner, self._workload(owner, None), problem), problem)
         apis = discover(self.kube.api)
-        current = self._deployment(owner)
+        current = self._workload(owner, spec)
         replicas = current["spec"].get("replicas") if current else None
         image = spec.image or default_image()
         deployment = current
         try:
             for child in desired_children(owner, spec, source, apis, image, replicas):
                 applied = self.kube.apply(child)
-                if child["kind"] == "Deployment":
+                if child["kind"] in ("Deployment", LWS_KIND):
                     deployment = applied
         except ApiException as e:
             if e.status not in (400, 422):
@@ -155,21 +185,23 @@ class Reconciler:
         if apis.inference_pool:
             self._remove_stale_pools(owner, None if wanted is None else pool_name(owner, wanted))
         pool = None if wanted is None else (wanted, apis.inference_pool)
-        return Outcome(self._status(owner, deployment, pool=pool, spec=spec), None)
+        return Outcome(self._status(owner, deployment, pool=pool, spec=spec, apis=apis), None)
 
     def status(self, owner: dict[str, Any]) -> Outcome:
-        """The status from the Deployment as it is now, without applying anything."""
-        problem, pool, spec = None, None, None
+        """The status from the workload as it is now, without applying anything."""
+        problem, pool, spec, apis = None, None, None, None
         try:
             spec, _ = validated(owner)
         except InvalidSpec as e:
             problem = (e.reason, str(e))
         else:
             wanted = spec.gateway.inference_pool
-            if wanted is not None:
-                pool = (wanted, discover(self.kube.api).inference_pool)
+            if wanted is not None or grouped(spec):
+                apis = discover(self.kube.api)
+            if wanted is not None and apis is not None:
+                pool = (wanted, apis.inference_pool)
         observed = (owner.get("status") or {}).get("observedGeneration")
         if problem is None and observed == owner["metadata"].get("generation"):
             problem = reported_problem(owner)  # e.g. ApplyFailed: holds until the spec changes
-        status = self._status(owner, self._deployment(owner), problem, pool, spec)
+        status = self._status(owner, self._workload(owner, spec), problem, pool, spec, apis)
         return Outcome(status, problem)
