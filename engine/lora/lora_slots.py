@@ -13,6 +13,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from kvserve.engine.kernels.lora_segments import lora_segments
 from kvserve.engine.layers.linear import LinearBase, RowParallelLinear
 from kvserve.engine.lora.lora_linear import LoRABatch, LoRALinear
 from kvserve.engine.lora.peft_adapter import LoRAAdapter
@@ -113,11 +114,15 @@ class LoRASlots:
 
     def set_rows(self, row_slots: np.ndarray | torch.Tensor | None) -> None:
         """Group the step's rows by slot (``row_slots[i]``: row i's slot, -1 for the base
-        model; a worker gets them as a tensor); None: no row runs an adapter."""
-        self.batch.groups = []
+        model; a worker gets them as a tensor); None: no row runs an adapter. On a GPU
+        they go to the Triton kernels as ``LoRASegments``."""
+        self.batch.groups, self.batch.segments = [], None
         if row_slots is None:
             return
         row_slots = np.asarray(row_slots)
+        if self.device.type == "cuda":
+            self.batch.segments = lora_segments(row_slots, self.device)
+            return
         present = np.unique(row_slots)
         if len(present) == 1 and present[0] >= 0:
             self.batch.groups.append((int(present[0]), None))
