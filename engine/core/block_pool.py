@@ -118,8 +118,8 @@ class BlockPool:
         lora_name: str | None = None,
     ) -> None:
         """Make a full block of ``group`` (``token_ids``, after the block keyed
-        ``parent_hash``, of LoRA adapter ``lora_name`` numbered ``lora_id`` if any) findable by its hash (first
-        writer wins on a duplicate)."""
+        ``parent_hash``, of LoRA adapter ``lora_name`` numbered ``lora_id`` if any) findable
+        by its hash (first writer wins on a duplicate)."""
         index = self._cached[group]
         if self.enable_caching and block.block_hash is None and block_hash not in index:
             block.block_hash, block.group = block_hash, group
