@@ -91,17 +91,20 @@ class Reconciler:
     def _sync_adapters(
         self, owner: dict[str, Any], spec: LLMDeploymentSpec, pods: list[dict[str, Any]]
     ) -> dict[str, PodSync]:
-        """Each pod whose server is ready brought to the spec's adapters, by pod name; the
-        first sync a pod answers opens its readiness gate (``adapters.ADAPTERS_GATE``)."""
+        """Each pod whose server is ready brought to the spec's adapters, by pod name, with
+        the API key of ``apiKeySecret`` if set (read each time: a rotated key is picked up);
+        the first sync a pod answers opens its readiness gate (``adapters.ADAPTERS_GATE``)."""
         base = spec.model.served_name or owner["metadata"]["name"]
         wanted = {a.name: a.path for a in adapters(spec)}
+        secret, namespace = spec.api_key_secret, owner["metadata"]["namespace"]
+        key = None if secret is None else self.kube.secret_value(namespace, secret.name, secret.key)
         synced = {}
         for pod in pods:
             address = pod_address(pod)
             if address is None:
                 continue
             meta = pod["metadata"]
-            synced[meta["name"]] = result = sync_pod(address, base, wanted)
+            synced[meta["name"]] = result = sync_pod(address, base, wanted, key)
             conditions = (pod.get("status") or {}).get("conditions") or []
             gate: dict[str, Any] = next(
                 (c for c in conditions if c.get("type") == ADAPTERS_GATE), {}

@@ -47,6 +47,7 @@ RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
 ]  # fmt: skip
 """Exactly what the operator calls: the SA-run cluster tests fail on any missing verb."""
 LABELS = {

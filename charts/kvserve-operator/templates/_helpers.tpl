@@ -65,6 +65,9 @@ through owner references and the garbage collector.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
 {{- end -}}
 
 {{- define "kvserve-operator.image" -}}
