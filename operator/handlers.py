@@ -7,7 +7,8 @@ Every trigger funnels into the same level-based ``Reconciler.reconcile``:
 - a periodic resync (``KVSERVE_RESYNC_SECONDS``, default 300) repairs any other drift.
 A child Deployment's or a pod's status change only refreshes the owner's status (the pods give
 ``ModelLoaded``). A spec asking for an InferencePool where the cluster serves no such API gets
-a False ``InferencePool`` condition and one Warning Event, like an invalid spec; so do pods
+a False ``InferencePool`` condition and one Warning Event, like an invalid spec; so does one
+with adapters where no InferenceModelRewrite API is served (``AdapterRoutes``), and so do pods
 that fail to load the model (``ModelLoaded`` False: a failed download, a crashing server), one
 Event per reason, not one per restart or status refresh.
 
@@ -39,6 +40,7 @@ from kvserve.operator.adapter_status import CONDITION as ADAPTERS_CONDITION
 from kvserve.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvserve.operator.kube import Kube, api_message, namespace_terminating
 from kvserve.operator.model_load import CONDITION as LOAD_CONDITION
+from kvserve.operator.model_rewrite import CONDITION as ROUTES_CONDITION
 from kvserve.operator.reconciler import Outcome, Reconciler
 from kvserve.operator.resource import (
     API_VERSION,
@@ -124,7 +126,7 @@ def _warn(owner: dict[str, Any], reason: str, message: str) -> None:
     kopf.warn(owner, reason=reason, message=message)  # type: ignore[arg-type]
 
 
-WARNED_CONDITIONS = (POOL_CONDITION, LOAD_CONDITION, ADAPTERS_CONDITION)
+WARNED_CONDITIONS = (POOL_CONDITION, LOAD_CONDITION, ADAPTERS_CONDITION, ROUTES_CONDITION)
 """Conditions whose turning False (or changing reason while False) posts one Warning Event."""
 
 

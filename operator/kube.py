@@ -25,6 +25,7 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "PodMonitor": "podmonitors",
     "InferencePool": "inferencepools",
+    "InferenceModelRewrite": "inferencemodelrewrites",
     "Pod": "pods",
     "Secret": "secrets",
     "LLMDeployment": PLURAL,

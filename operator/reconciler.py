@@ -22,6 +22,8 @@ from kvserve.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvserve.operator.inference_pool import pool_condition, pool_name, stale_pools
 from kvserve.operator.kube import Kube, api_message
 from kvserve.operator.metrics_source import CONDITION, MetricsSource
+from kvserve.operator.model_rewrite import CONDITION as ROUTES_CONDITION
+from kvserve.operator.model_rewrite import adapter_routes
 from kvserve.operator.names import name_problem
 from kvserve.operator.resource import selector_string
 from kvserve.operator.spec import InferencePoolSpec, InvalidSpec, LLMDeploymentSpec
@@ -55,9 +57,11 @@ class Reconciler:
         problem: tuple[str, str] | None = None,
         pool: tuple[InferencePoolSpec, bool] | None = None,
         spec: LLMDeploymentSpec | None = None,
+        routes: tuple[bool, str, str] | None = None,
     ) -> dict[str, Any]:
         """``build_status`` from the Deployment and the pods; with the ``InferencePool``
         condition when ``pool`` (the spec's pool, whether the cluster serves its API) is given,
+        the ``AdapterRoutes`` one when ``routes`` is (``adapter_routes``),
         ``adapters`` and the ``AdaptersReady`` condition when the valid ``spec`` has adapters
         (each Ready pod is synced to them first: ``adapter_sync``; a valid spec without any
         clears ``adapters``), and the ``CustomMetrics``
@@ -75,6 +79,8 @@ class Reconciler:
         status = build_status(owner, deployment, problem, pods)
         if pool is not None:
             status = with_condition(status, owner, POOL_CONDITION, *pool_condition(owner, *pool))
+        if routes is not None:
+            status = with_condition(status, owner, ROUTES_CONDITION, *routes)
         if spec is not None and not spec.adapters and "adapters" in (owner.get("status") or {}):
             status = {**status, "adapters": None}  # a merge patch deletes a key set to null
         if spec is not None and spec.adapters:
@@ -113,12 +119,16 @@ class Reconciler:
                 self.kube.set_pod_condition(meta["namespace"], meta["name"], ADAPTERS_GATE)
         return synced
 
-    def _remove_stale_pools(self, owner: dict[str, Any], keep: str | None) -> None:
+    def _remove_stale(
+        self, owner: dict[str, Any], api_version: str, kind: str, keep: str | None
+    ) -> None:
+        """Delete ``owner``'s children of ``kind`` (InferencePool, InferenceModelRewrite:
+        named by the user) but ``keep``."""
         meta = owner["metadata"]
         ns, selector = meta["namespace"], selector_string(meta["name"])
-        listed = self.kube.list_labelled(INFERENCE_POOL_VERSION, "InferencePool", ns, selector)
+        listed = self.kube.list_labelled(api_version, kind, ns, selector)
         for name in stale_pools(listed, owner, keep):
-            self.kube.delete(INFERENCE_POOL_VERSION, "InferencePool", ns, name)
+            self.kube.delete(api_version, kind, ns, name)
 
     def _deployment(self, owner: dict[str, Any]) -> dict[str, Any] | None:
         meta = owner["metadata"]
@@ -155,14 +165,20 @@ class Reconciler:
         for api_version, kind in obsolete_children(spec, apis):
             self.kube.delete(api_version, kind, meta["namespace"], meta["name"])
         wanted = spec.gateway.inference_pool
+        keep = None if wanted is None else pool_name(owner, wanted)
         if apis.inference_pool:
-            self._remove_stale_pools(owner, None if wanted is None else pool_name(owner, wanted))
+            self._remove_stale(owner, INFERENCE_POOL_VERSION, "InferencePool", keep)
+        if apis.model_rewrite_version is not None:
+            rewritten = keep if apis.inference_pool and spec.adapters else None
+            kind = "InferenceModelRewrite"
+            self._remove_stale(owner, apis.model_rewrite_version, kind, rewritten)
         pool = None if wanted is None else (wanted, apis.inference_pool)
-        return Outcome(self._status(owner, deployment, pool=pool, spec=spec), None)
+        routes = adapter_routes(owner, spec, apis)
+        return Outcome(self._status(owner, deployment, pool=pool, spec=spec, routes=routes), None)
 
     def status(self, owner: dict[str, Any]) -> Outcome:
         """The status from the Deployment as it is now, without applying anything."""
-        problem, pool, spec = None, None, None
+        problem, pool, spec, routes = None, None, None, None
         try:
             spec, _ = validated(owner)
         except InvalidSpec as e:
@@ -170,9 +186,10 @@ class Reconciler:
         else:
             wanted = spec.gateway.inference_pool
             if wanted is not None:
-                pool = (wanted, discover(self.kube.api).inference_pool)
+                apis = discover(self.kube.api)
+                pool, routes = (wanted, apis.inference_pool), adapter_routes(owner, spec, apis)
         observed = (owner.get("status") or {}).get("observedGeneration")
         if problem is None and observed == owner["metadata"].get("generation"):
             problem = reported_problem(owner)  # e.g. ApplyFailed: holds until the spec changes
-        status = self._status(owner, self._deployment(owner), problem, pool, spec)
+        status = self._status(owner, self._deployment(owner), problem, pool, spec, routes)
         return Outcome(status, problem)

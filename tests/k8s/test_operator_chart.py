@@ -44,6 +44,8 @@ RULES = [
      "verbs": ["list", "watch", "create", "patch"]},
     {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
      "verbs": ["list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["llm-d.ai", "inference.networking.x-k8s.io"],
+     "resources": ["inferencemodelrewrites"], "verbs": ["list", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
