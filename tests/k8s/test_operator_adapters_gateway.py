@@ -9,11 +9,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from k8s.loopback_api import answering
 from k8s.support import CHILD_LABELS as LABELS
 from k8s.support import K8S_SCHEMA_VERSION, OWNER_REF, owner
 from kvserve.operator import handlers
 from kvserve.operator.children import desired_children
-from kvserve.operator.discovery import MODEL_REWRITE_VERSIONS, ClusterApis
+from kvserve.operator.discovery import MODEL_REWRITE_VERSIONS, ClusterApis, discover
 from kvserve.operator.inference_pool import stale_pools
 from kvserve.operator.model_rewrite import CONDITION, adapter_routes, rewrite_condition
 from kvserve.operator.spec import AdapterSpec, parse_spec
@@ -155,3 +156,36 @@ def test_the_condition_is_there_only_with_adapters_and_a_served_pool() -> None:
     assert routes([], {}, WITH_REWRITES) is None
     assert routes(ADAPTERS, None, WITH_REWRITES) is None
     assert routes(ADAPTERS, {}, ClusterApis()) is None  # the InferencePool condition says so
+
+
+def _group(group_version: str) -> dict[str, Any]:
+    name, version = group_version.split("/")
+    entry = {"groupVersion": group_version, "version": version}
+    return {"name": name, "versions": [entry], "preferredVersion": entry}
+
+
+def _resources(group_version: str, plural: str, kind: str) -> dict[str, Any]:
+    resource = {"name": plural, "singularName": "", "namespaced": True, "kind": kind}
+    return {"groupVersion": group_version, "resources": [{**resource, "verbs": ["get"]}]}
+
+
+@pytest.mark.parametrize(
+    ("served", "version"),
+    [
+        (MODEL_REWRITE_VERSIONS, "llm-d.ai/v1alpha2"),
+        (MODEL_REWRITE_VERSIONS[1:], "inference.networking.x-k8s.io/v1alpha2"),
+        ((), None),
+    ],
+)
+def test_discovery_finds_the_newest_rewrite_api_served(
+    served: tuple[str, ...], version: str | None
+) -> None:
+    pool = "inference.networking.k8s.io/v1"
+    offered = ["autoscaling/v2", "policy/v1", pool, *served]
+    answers = {"/apis/": {"kind": "APIGroupList", "groups": [_group(v) for v in offered]}}
+    answers[f"/apis/{pool}"] = _resources(pool, "inferencepools", "InferencePool")
+    for v in served:
+        answers[f"/apis/{v}"] = _resources(v, "inferencemodelrewrites", "InferenceModelRewrite")
+    with answering(answers) as api:
+        apis = discover(api)
+    assert (apis.inference_pool, apis.model_rewrite_version) == (True, version)

@@ -4,13 +4,10 @@ import base64
 import json
 import socket
 import sys
-import threading
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from kubernetes import client
-
+from k8s.loopback_api import answering
 from k8s.support import ROOT
 from kvserve.operator.adapter_status import adapter_report
 from kvserve.operator.adapter_sync import (
@@ -124,39 +121,14 @@ def test_a_pod_started_with_an_api_key_is_synced_with_that_key(tmp_path: Path) -
         assert greedy(server.url, "pirate", API_KEY) != greedy(server.url, DEMO_NAME, API_KEY)
 
 
-class _SecretsApi(BaseHTTPRequestHandler):
-    """The API server's answer to a Secret GET: ``ml/serving-key`` holds ``token``."""
-
-    def do_GET(self) -> None:
-        if self.path == "/api/v1/namespaces/ml/secrets/serving-key":
-            data = {"token": base64.b64encode(b"s3cret key").decode()}
-            status, body = 200, {"kind": "Secret", "apiVersion": "v1", "data": data}
-        else:
-            status, body = 404, {"kind": "Status", "reason": "NotFound", "code": 404}
-        payload = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_the_operator_reads_the_key_of_api_key_secret() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SecretsApi)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        config = client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
-        kube = Kube(client.ApiClient(config))
+    secret = {"kind": "Secret", "apiVersion": "v1"}
+    secret["data"] = {"token": base64.b64encode(b"s3cret key").decode()}
+    with answering({"/api/v1/namespaces/ml/secrets/serving-key": secret}) as api:
+        kube = Kube(api)
         assert kube.secret_value("ml", "serving-key", "token") == "s3cret key"
         assert kube.secret_value("ml", "serving-key", "other") is None
         assert kube.secret_value("ml", "missing", "token") is None
-    finally:
-        server.shutdown()
-        thread.join()
 
 
 def test_only_live_pods_whose_server_is_ready_with_an_ip_are_synced() -> None:
