@@ -43,7 +43,8 @@ def env_words(name: str, text: str) -> list[str]:
         if not all(isinstance(v, str | dict) for v in values):
             raise SystemExit(f"kvserve: {name}: a JSON array of strings and objects, got {text!r}")
         return [v if isinstance(v, str) else json.dumps(v) for v in values]
-    words, at = [], 0
+    words: list[str] = []
+    at = 0
     while True:
         while at < len(text) and text[at].isspace():
             at += 1
