@@ -14,12 +14,19 @@ interpreter's bf16 casts truncate).
 import numpy as np
 import pytest
 import torch
+from joined_outputs import JoinedOutputs
 
+from kvserve import LoRARequest, SamplingParams
+from kvserve.engine.config import EngineConfig
 from kvserve.engine.kernels.lora_segments import lora_segments
 from kvserve.engine.kernels.triton_lora import lora_expand, lora_shrink, shrink_split
 from kvserve.engine.layers.linear import MergedColumnParallelLinear
 from kvserve.engine.layers.tensor_parallel import TensorParallel
+from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.lora.lora_linear import LoRABatch, LoRALinear
+
+from lora_adapters import build_adapter, merged_checkpoint
+from reference import assert_greedy_match, hf_greedy
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOLERANCES = {
@@ -32,6 +39,7 @@ DTYPES = [
     pytest.param(torch.bfloat16, id="bf16"),
     pytest.param(torch.float32, id="fp32"),
 ]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 SLOT_RANKS = {0: 8, 2: 16, 3: 16}  # slot 1 is empty: no row names it; capped at max_rank
 
 
@@ -170,3 +178,34 @@ def test_lora_linear_kernel_path_equals_its_torch_path():
     kernel_path = layer(x)
     assert_matches(kernel_path, torch_path.double().cpu(), torch.float32)
     assert not torch.equal(torch_path, base(x))
+
+
+def test_the_engine_on_the_kernels_equals_the_merged_models(checkpoint, tmp_path):
+    """The kernels in the real model's layers (q/k/v and gate/up parts at their offsets; on
+    a CPU under the interpreter, on a GPU as they always run there): a batch mixing two
+    adapters (ranks 8 and 16) and the base model gives transformers' greedy tokens with each
+    adapter merged."""
+    base = checkpoint("llama")
+    loras, merged = [None], {None: str(base)}
+    for i, rank in enumerate((8, 16), start=1):
+        adapter = build_adapter(base, tmp_path / f"a{i}", rank, seed=i)
+        merged[f"a{i}"] = str(merged_checkpoint(base, adapter, tmp_path / f"a{i}-merged"))
+        loras.append(LoRARequest(f"a{i}", i, str(adapter)))
+    engine = LLMEngine(
+        EngineConfig(model=str(base), enable_lora=True, max_loras=2, num_kv_blocks=64)
+    )
+    engine.runner.lora.use_kernels = True  # already so on a GPU
+    prompts = [[5 + 7 * i + j for j in range(9 + 4 * i)] for i in range(3)]
+    for i, (prompt, lora) in enumerate(zip(prompts, loras, strict=True)):
+        engine.add_request(str(i), prompt, GREEDY, lora_request=lora)
+    seen, tokens = JoinedOutputs(), {}
+    while engine.has_unfinished_requests():
+        for out in seen.add(engine.step()):
+            if out.finished:
+                tokens[int(out.request_id)] = out.outputs[0].token_ids
+    for i, (prompt, lora) in enumerate(zip(prompts, loras, strict=True)):
+        reference = merged[None if lora is None else lora.lora_name]
+        expected = hf_greedy(reference, prompt, GREEDY.max_tokens)
+        if lora is not None:  # the adapter changes the tokens: the test can tell
+            assert expected != hf_greedy(str(base), prompt, GREEDY.max_tokens)
+        assert_greedy_match(reference, prompt, expected, tokens[i])
