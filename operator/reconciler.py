@@ -102,13 +102,13 @@ class Reconciler:
         the first sync a pod answers opens its readiness gate (``adapters.ADAPTERS_GATE``)."""
         base = spec.model.served_name or owner["metadata"]["name"]
         wanted = {a.name: a.path for a in adapters(spec)}
+        ready = [(pod, address) for pod in pods if (address := pod_address(pod)) is not None]
         secret, namespace = spec.api_key_secret, owner["metadata"]["namespace"]
-        key = None if secret is None else self.kube.secret_value(namespace, secret.name, secret.key)
+        key = None
+        if secret is not None and ready:
+            key = self.kube.secret_value(namespace, secret.name, secret.key)
         synced = {}
-        for pod in pods:
-            address = pod_address(pod)
-            if address is None:
-                continue
+        for pod, address in ready:
             meta = pod["metadata"]
             synced[meta["name"]] = result = sync_pod(address, base, wanted, key)
             conditions = (pod.get("status") or {}).get("conditions") or []
