@@ -136,7 +136,7 @@ def lora_expand_kernel(
     n_tile = pid % n_tiles
     length = tl.load(lengths_ptr + group)
     size = tl.load(sizes_ptr + part)
-    if m_tile * BLOCK_M >= length or n_tile * BLOCK_N >= size:
+    if (m_tile * BLOCK_M >= length) | (n_tile * BLOCK_N >= size):
         return
     start = tl.load(starts_ptr + group)
     slot = tl.load(slots_ptr + group).to(tl.int64)
