@@ -24,6 +24,8 @@ under Triton's interpreter for bf16 (which multiplies bf16 dot operands as raw 1
 patterns).
 """
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -170,16 +172,20 @@ def lora_expand_kernel(
     tl.store(dst, (current + scale * acc).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def launch_constants(rank: int, max_length: int, native_dots: bool) -> dict[str, Any]:
+    """The constants both kernels take: ``BLOCK_M`` 16 rows for a decode step's groups
+    (``max_length``: the longest), 64 past them; ``BLOCK_R`` the rank padded to a power of
+    two of at least 16 (a dot's least side)."""
+    return dict(
+        RANK=rank,
+        NATIVE_DOTS=native_dots,
+        BLOCK_M=16 if max_length <= 16 else 64,
+        BLOCK_R=max(16, triton.next_power_of_2(rank)),
+    )
+
+
 def _native_dots(x: torch.Tensor) -> bool:
     return x.dtype == torch.float16 or (x.dtype == torch.bfloat16 and x.is_cuda)
-
-
-def _block_m(segments: LoRASegments) -> int:
-    return 16 if segments.max_length <= 16 else 64
-
-
-def _block_r(rank: int) -> int:
-    return max(16, triton.next_power_of_2(rank))
 
 
 def shrink_split(k: int, programs: int) -> tuple[int, int]:
@@ -208,8 +214,8 @@ def lora_shrink(
             f"lora_shrink: x {list(x.shape)} and A {list(lora_a.shape)} must have contiguous "
             f"input features and A {num_parts} parts of rank {rank} over {k} features"
         )
-    block_m = _block_m(segments)
-    m_tiles = triton.cdiv(segments.max_length, block_m)
+    constants = launch_constants(rank, segments.max_length, _native_dots(x))
+    m_tiles = triton.cdiv(segments.max_length, constants["BLOCK_M"])
     programs = m_tiles * num_parts * segments.num_groups
     if split_k is None:
         split_k, k_span = shrink_split(k, programs)
@@ -232,12 +238,9 @@ def lora_shrink(
         lora_a.stride(0),
         lora_a.stride(1),
         out.stride(0),
-        RANK=rank,
         SPLIT_K=split_k,
-        NATIVE_DOTS=_native_dots(x),
-        BLOCK_M=block_m,
-        BLOCK_R=_block_r(rank),
         BLOCK_K=BLOCK_K,
+        **constants,
     )
     return out
 
@@ -270,9 +273,10 @@ def lora_expand(
             f"{list(lora_b.shape)} must agree on {num_parts} parts of rank {rank}, with "
             "contiguous output features and ranks"
         )
-    block_m = _block_m(segments)
+    constants = launch_constants(rank, segments.max_length, _native_dots(out))
     n_tiles = triton.cdiv(max_size, BLOCK_N)
-    grid = (triton.cdiv(segments.max_length, block_m) * n_tiles, num_parts, segments.num_groups)
+    m_tiles = triton.cdiv(segments.max_length, constants["BLOCK_M"])
+    grid = (m_tiles * n_tiles, num_parts, segments.num_groups)
     lora_expand_kernel[grid](
         shrunk,
         lora_b,
@@ -289,9 +293,6 @@ def lora_expand(
         lora_b.stride(0),
         lora_b.stride(1),
         out.stride(0),
-        RANK=rank,
-        NATIVE_DOTS=_native_dots(out),
-        BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
-        BLOCK_R=_block_r(rank),
+        **constants,
     )
