@@ -121,11 +121,16 @@ class EngineConfig:
     )
 
     enable_lora: bool = setting(False, help="serve LoRA adapters (PEFT directories)")
-    max_loras: int = setting(1, minimum=1, help="LoRA adapters resident on the device at once")
-    max_lora_rank: int = setting(16, minimum=1, help="the highest LoRA rank an adapter may have")
+    max_loras: int = setting(
+        1, minimum=1, help="LoRA adapters resident on the device at once", crd=Crd()
+    )
+    max_lora_rank: int = setting(
+        16, minimum=1, help="the highest LoRA rank an adapter may have", crd=Crd()
+    )
     max_cpu_loras: int | None = setting(
         None,
         minimum=1,
+        crd=Crd(),
         help="LoRA adapters kept in host memory, least recently used dropped and read again "
         "when asked for (default: max_loras; at least max_loras)",
     )

@@ -14,12 +14,13 @@ from kvserve.operator.autoscaler import render_hpa
 from kvserve.operator.deployment import render_deployment
 from kvserve.operator.discovery import LEADER_WORKER_SET_VERSION, ClusterApis
 from kvserve.operator.disruption_budget import render_pdb
-from kvserve.operator.inference_pool import render_inference_pool
+from kvserve.operator.inference_pool import pool_name, render_inference_pool
 from kvserve.operator.leader_worker_set import (
     LWS_KIND,
     leader_selector,
     render_leader_worker_set,
 )
+from kvserve.operator.model_rewrite import render_model_rewrite
 from kvserve.operator.pod_monitor import render_pod_monitor
 from kvserve.operator.service import render_service
 from kvserve.operator.spec import LLMDeploymentSpec, ModelSource, pods_per_replica
@@ -78,6 +79,10 @@ def desired_children(
     pool = spec.gateway.inference_pool
     if pool is not None and apis.inference_pool:
         children.append(render_inference_pool(owner, pool, selector))
+        if spec.adapters and apis.model_rewrite_version is not None:
+            name = pool_name(owner, pool)
+            version = apis.model_rewrite_version
+            children.append(render_model_rewrite(owner, name, spec.adapters, version))
     return children
 
 

@@ -8,7 +8,8 @@ Every trigger funnels into the same level-based ``Reconciler.reconcile``:
 A child Deployment's or a pod's status change only refreshes the owner's status (the pods give
 ``ModelLoaded``). A spec asking for an InferencePool where the cluster serves no such API gets
 a False ``InferencePool`` condition and one Warning Event, like an invalid spec; so does a spec
-of multi-pod replicas where it serves no LeaderWorkerSet API (``LeaderWorkerSet``), and pods
+of multi-pod replicas where it serves no LeaderWorkerSet API (``LeaderWorkerSet``), one with
+adapters where no InferenceModelRewrite API is served (``AdapterRoutes``), and pods
 that fail to load the model (``ModelLoaded`` False: a failed download, a crashing server), one
 Event per reason, not one per restart or status refresh.
 
@@ -42,6 +43,7 @@ from kvserve.operator.kube import Kube, api_message, namespace_terminating
 from kvserve.operator.leader_worker_set import CONDITION as GROUP_CONDITION
 from kvserve.operator.leader_worker_set import LWS_KIND
 from kvserve.operator.model_load import CONDITION as LOAD_CONDITION
+from kvserve.operator.model_rewrite import CONDITION as ROUTES_CONDITION
 from kvserve.operator.reconciler import Outcome, Reconciler
 from kvserve.operator.resource import (
     API_VERSION,
@@ -127,7 +129,13 @@ def _warn(owner: dict[str, Any], reason: str, message: str) -> None:
     kopf.warn(owner, reason=reason, message=message)  # type: ignore[arg-type]
 
 
-WARNED_CONDITIONS = (POOL_CONDITION, LOAD_CONDITION, ADAPTERS_CONDITION, GROUP_CONDITION)
+WARNED_CONDITIONS = (
+    POOL_CONDITION,
+    LOAD_CONDITION,
+    ADAPTERS_CONDITION,
+    GROUP_CONDITION,
+    ROUTES_CONDITION,
+)
 """Conditions whose turning False (or changing reason while False) posts one Warning Event."""
 
 

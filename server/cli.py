@@ -4,6 +4,7 @@ A flag on the command line beats its environment variable, which beats the defau
 """
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,41 @@ def _env_bool(name: str, text: str) -> bool:
     if text.lower() in _TRUE | _FALSE:
         return text.lower() in _TRUE
     raise SystemExit(f"kvserve: {name} must be true or false, not {text!r}")
+
+
+def env_words(name: str, text: str) -> list[str]:
+    """The values of a list setting's environment variable: a JSON array (each string as it
+    is, each object as its JSON text), or words apart by whitespace (newlines included) where a
+    word that opens a JSON object runs to the object's end, spaces inside it kept."""
+    decoder = json.JSONDecoder()
+    if text.lstrip().startswith("["):
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"kvserve: {name} is not a JSON array: {exc}") from exc
+        if not all(isinstance(v, str | dict) for v in values):
+            raise SystemExit(f"kvserve: {name}: a JSON array of strings and objects, got {text!r}")
+        return [v if isinstance(v, str) else json.dumps(v) for v in values]
+    words: list[str] = []
+    at = 0
+    while True:
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at == len(text):
+            return words
+        if text[at] == "{":
+            try:
+                _, end = decoder.raw_decode(text, at)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"kvserve: {name}: invalid JSON object: {exc}") from exc
+            if end < len(text) and not text[end].isspace():
+                raise SystemExit(f"kvserve: {name}: {text[at:]!r}: no space after a JSON object")
+        else:
+            end = at
+            while end < len(text) and not text[end].isspace():
+                end += 1
+        words.append(text[at:end])
+        at = end
 
 
 def _add_flag(parser: argparse.ArgumentParser, d: Declared) -> argparse.Action:
@@ -73,7 +109,7 @@ def serve_parser(
         elif action.nargs is not None:
             assert action.type is not None and not isinstance(action.type, str)
             try:
-                action.default = [action.type(word) for word in text.split()]
+                action.default = [action.type(word) for word in env_words(d.env, text)]
             except argparse.ArgumentTypeError as exc:
                 raise SystemExit(f"kvserve: {d.env}: {exc}") from exc
         else:

@@ -13,6 +13,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from kvserve.engine.kernels.lora_segments import lora_segments
 from kvserve.engine.layers.linear import LinearBase, RowParallelLinear
 from kvserve.engine.lora.lora_linear import LoRABatch, LoRALinear
 from kvserve.engine.lora.peft_adapter import LoRAAdapter
@@ -24,7 +25,9 @@ Part = tuple[str, int]
 
 class LoRASlots:
     """Slot ``s`` of every layer holds the same adapter; ``resident`` maps an adapter's
-    serial → its slot, least recently used first; ``loads`` counts slot fills."""
+    serial → its slot, least recently used first; ``loads`` counts slot fills;
+    ``use_kernels``: the layers run the Triton kernels (on a GPU; on a CPU only under
+    Triton's interpreter, as tests run them), else the torch path."""
 
     def __init__(
         self, model: DecoderLM, max_loras: int, max_rank: int, device: torch.device
@@ -34,6 +37,7 @@ class LoRASlots:
         self.resident: OrderedDict[int, int] = OrderedDict()
         self.loads = 0
         self.device = device
+        self.use_kernels = device.type == "cuda"
         self.layers: list[tuple[int, LoRALinear, list[Part], bool]] = []
         tp = model.tp
         for index, module in enumerate(model.layers):
@@ -113,11 +117,15 @@ class LoRASlots:
 
     def set_rows(self, row_slots: np.ndarray | torch.Tensor | None) -> None:
         """Group the step's rows by slot (``row_slots[i]``: row i's slot, -1 for the base
-        model; a worker gets them as a tensor); None: no row runs an adapter."""
-        self.batch.groups = []
+        model; a worker gets them as a tensor); None: no row runs an adapter. For the Triton
+        kernels (``use_kernels``) they go as ``LoRASegments``."""
+        self.batch.groups, self.batch.segments = [], None
         if row_slots is None:
             return
         row_slots = np.asarray(row_slots)
+        if self.use_kernels:
+            self.batch.segments = lora_segments(row_slots, self.device)
+            return
         present = np.unique(row_slots)
         if len(present) == 1 and present[0] >= 0:
             self.batch.groups.append((int(present[0]), None))

@@ -47,9 +47,12 @@ RULES = [
      "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["llm-d.ai", "inference.networking.x-k8s.io"],
+     "resources": ["inferencemodelrewrites"], "verbs": ["list", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
 ]  # fmt: skip
 """Exactly what the operator calls: the SA-run cluster tests fail on any missing verb."""
 LABELS = {

@@ -59,6 +59,9 @@ through owner references and the garbage collector.
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
   verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [llm-d.ai, inference.networking.x-k8s.io]
+  resources: [inferencemodelrewrites]
+  verbs: [list, create, patch, delete]
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
@@ -68,6 +71,9 @@ through owner references and the garbage collector.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
 {{- end -}}
 
 {{- define "kvserve-operator.image" -}}
