@@ -32,6 +32,7 @@ from kvserve.engine.layers.cpu_linear.packed_linear import can_pack
 from kvserve.engine.layers.pipeline_parallel import PipelineParallel
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
+from kvserve.engine.models.registry import model_class
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,9 @@ def plan_execution(
     groups = kv_groups(layer_kinds(model_config))
     pages = group_size(groups)
     if config.pipeline_parallel_size > 1:
+        model_class(model_config.architecture).check_pipeline(
+            model_config, config.pipeline_parallel_size
+        )
         stage = PipelineParallel.of_rank(rank, tp, config.pipeline_parallel_size)
         pages = len(held_pages(groups, stage.layers(model_config.num_layers)))
     block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype, pages)

@@ -266,21 +266,23 @@ class DecoderLM(nn.Module):
         assert residual is not None  # config.json names at least one layer
         return hidden, residual
 
-    def keep_stage(self, pp: PipelineParallel) -> None:
-        """Keep pipeline stage ``pp``'s parts alone (before its weights load): its layers,
-        the embedding on the first stage, the final norm and LM head on the last. A model
-        whose step is not the shared decoder's (hybrid linear attention, Gemma's own
-        forward) is refused."""
-        cfg = self.config
-        own_step = type(self).forward is not DecoderLM.forward or (
-            type(self).logits is not DecoderLM.logits
-        )
+    @classmethod
+    def check_pipeline(cls, cfg: ModelConfig, size: int) -> None:
+        """``ValueError`` unless this model splits in ``size`` pipeline stages: its step must
+        be the shared decoder's (not hybrid linear attention, not Gemma's own forward)."""
+        own_step = cls.forward is not DecoderLM.forward or cls.logits is not DecoderLM.logits
         if cfg.linear_layers or own_step:
             raise ValueError(
-                f"pipeline_parallel_size {pp.size}: {cfg.architecture} (family {cfg.family}) "
+                f"pipeline_parallel_size {size}: {cfg.architecture} (family {cfg.family}) "
                 "cannot be split in pipeline stages; only the shared decoder's families "
                 "(Llama, Mistral, Qwen2, Qwen3 and their MoE models) can"
             )
+        PipelineParallel(size=size).layers(cfg.num_layers)
+
+    def keep_stage(self, pp: PipelineParallel) -> None:
+        """Keep pipeline stage ``pp``'s parts alone (before its weights load): its layers,
+        the embedding on the first stage, the final norm and LM head on the last."""
+        self.check_pipeline(self.config, pp.size)
         self.stage = pp.layers(len(self.layers))
         for i in range(len(self.layers)):
             if i not in self.stage:
