@@ -103,9 +103,7 @@ class EngineConfig:
         "127.0.0.1",
         help="the leader's address, where every node meets the rendezvous (nnodes > 1)",
     )
-    master_port: int = setting(
-        29501, minimum=1, help="the leader's rendezvous port (nnodes > 1)"
-    )
+    master_port: int = setting(29501, minimum=1, help="the leader's rendezvous port (nnodes > 1)")
     headless: bool = setting(
         False,
         help="run this node's ranks only, no API server and no engine core (a worker node: "

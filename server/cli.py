@@ -115,7 +115,9 @@ def _serve_headless(args: argparse.Namespace) -> int:
 
     from kvserve.engine.executor.headless import run_headless
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         config = engine_config(args)
     except ValueError as exc:

@@ -6,11 +6,12 @@ rendezvous timeout, and a node killed mid-stream turns the leader dead at once."
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 from test_executor_faults import step_until_dead
-from two_nodes import free_port, headless_node, leader_config
+from two_nodes import free_port, headless_args, headless_node, leader_config
 
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
@@ -103,3 +104,17 @@ def test_a_node_killed_mid_stream_turns_the_leader_dead_at_once(checkpoint):
                 engine.check_health()
         finally:
             engine.shutdown()
+
+
+def test_a_headless_node_whose_leader_never_comes_exits_naming_the_rendezvous(checkpoint):
+    port = free_port()
+    config = leader_config(checkpoint("llama"), port, num_kv_blocks=32, tensor_parallel_size=2)
+    argv = [*headless_args(config), "--distributed-timeout-seconds", "2"]
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - start < 60
+    assert done.returncode == 1
+    assert (
+        f"RuntimeError: rank 1: the leader's rendezvous at 127.0.0.1:{port} did not answer "
+        "within 2 s" in done.stderr
+    ), done.stderr

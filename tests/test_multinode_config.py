@@ -9,9 +9,7 @@ from kvserve.server.cli import main
 
 
 def test_the_world_is_tensor_times_pipeline_ranks_spread_evenly_over_the_nodes():
-    config = EngineConfig(
-        model="/m", tensor_parallel_size=2, pipeline_parallel_size=2, nnodes=2
-    )
+    config = EngineConfig(model="/m", tensor_parallel_size=2, pipeline_parallel_size=2, nnodes=2)
     assert (config.world_size, config.local_world_size) == (4, 2)
     assert config.distributed_executor_backend == "mp"
     assert EngineConfig(model="/m", pipeline_parallel_size=2).distributed_executor_backend == "mp"

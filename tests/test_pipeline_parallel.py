@@ -4,7 +4,6 @@ chunked prefill, prefix caching and preemption; each stage holds its contiguous 
 their KV pages alone; a model whose step is not the shared decoder's is refused by name."""
 
 import pytest
-from hybrid_checkpoints import build_qwen3_next
 from joined_outputs import JoinedOutputs
 from test_engine_interleaving import arrivals
 
@@ -19,6 +18,7 @@ from kvserve.engine.models.model_config import ModelConfig
 
 from audit import assert_all_released, audit_blocks
 from faults import gone
+from hybrid_checkpoints import build_qwen3_next
 from reference import assert_greedy_match, hf_greedy
 
 

@@ -8,16 +8,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sharded_steps import free_port
-
 from kvserve.engine.config import EngineConfig
+
+from sharded_steps import free_port
 
 
 def leader_config(path: Path, port: int, **settings) -> EngineConfig:
     """Node 0 of two, meeting node 1 at 127.0.0.1:``port``."""
-    return EngineConfig(
-        model=str(path), dtype="float32", nnodes=2, master_port=port, **settings
-    )
+    return EngineConfig(model=str(path), dtype="float32", nnodes=2, master_port=port, **settings)
 
 
 def headless_args(config: EngineConfig) -> list[str]:

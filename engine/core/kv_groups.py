@@ -97,6 +97,4 @@ def group_size(groups: Sequence[KVGroup]) -> int:
 def held_pages(groups: Sequence[KVGroup], layers: range) -> list[int]:
     """The page positions (KV tensor pairs) that ``layers`` (a pipeline stage's) use, in
     order: a stage allocates those alone, and its block is that many pages."""
-    return sorted(
-        {i for g in groups for i, layer in enumerate(g.layers) if layer in layers}
-    )
+    return sorted({i for g in groups for i, layer in enumerate(g.layers) if layer in layers})

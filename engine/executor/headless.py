@@ -39,7 +39,7 @@ def run_headless(config: EngineConfig) -> int:
             config.master_port,
             config,
             threads,
-            config.distributed_timeout_seconds,
+            STARTUP_TIMEOUT_S,
             STEP_TIMEOUT_S,
             config.master_addr,
             index,
@@ -50,7 +50,7 @@ def run_headless(config: EngineConfig) -> int:
         process.start()
         processes.append(process)
     log.info(
-        "node %d of %d: ranks %d..%d of %d, meeting the leader at %s:%d (startup bound %g s)",
+        "node %d of %d: ranks %d..%d of %d, meeting the leader at %s:%d (within %g s)",
         config.node_rank,
         config.nnodes,
         first,
@@ -58,7 +58,7 @@ def run_headless(config: EngineConfig) -> int:
         config.world_size,
         config.master_addr,
         config.master_port,
-        max(config.distributed_timeout_seconds, STARTUP_TIMEOUT_S),
+        config.distributed_timeout_seconds,
     )
 
     def stop(signum: int, _: FrameType | None) -> None:

@@ -61,9 +61,8 @@ def run_worker(spec: WorkerSpec, sock: socket.socket | None) -> None:
     store = None
     if sock is None:
         try:
-            store, sock = dial_leader(
-                spec.host, spec.port, spec.rank, spec.size, spec.startup_timeout_s
-            )
+            timeout = spec.config.distributed_timeout_seconds
+            store, sock = dial_leader(spec.host, spec.port, spec.rank, spec.size, timeout)
         except BaseException:
             traceback.print_exc()
             os._exit(1)

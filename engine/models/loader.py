@@ -73,7 +73,7 @@ def load_model(
     progress: Callable[[int, int], None] | None = None,
     packed: bool = False,
     tp: TensorParallel = TensorParallel(),
-    pp: PipelineParallel = PipelineParallel(),
+    pp: PipelineParallel | None = None,
 ) -> DecoderLM:
     """Build the model of ``cfg``'s architecture for rank ``tp.rank`` without initialising
     it, then hand every checkpoint tensor, as a safetensors slice, to its parameter's weight
@@ -85,6 +85,7 @@ def load_model(
     with torch.device(device), _default_dtype(dtype):
         model = registry.model_class(cfg.architecture)(cfg, backend, max_positions, tp)
     everything = set(dict(model.named_parameters()))
+    pp = pp or PipelineParallel()
     if pp.size > 1:
         model.keep_stage(pp)
     params = dict(model.named_parameters())

@@ -1,0 +1,190 @@
+"""Multi-node execution on a CPU, in one run on one model (llama-134m in float32, one torch
+thread per rank):
+
+A. The per-step cost of the cross-process exchange: decode steps of a batch at TP=1 (one
+   process), TP=2 on one node (rank 1 a worker process fed through a socket pair: the
+   existing tensor-parallel path) and TP=2 across two "nodes" (rank 1 in a headless node,
+   ``kvserve serve --headless``, fed through the leader's TCP step socket; its gloo group
+   over TCP too). Both nodes are processes on this machine (127.0.0.1): the numbers are the
+   cost of the processes and the protocol, not of a network.
+B. W1 throughput (throughput.py's workload, scaled by --requests and --max-tokens) at PP=1
+   (one process, two threads) against PP=2 (two stages, one thread each) on one node, and
+   PP=2 across two nodes. Stages run one after the other within a step (no micro-batches):
+   PP=2 can only lose on one machine; it exists to split a model too large for one node.
+
+    python benchmarks/multinode_cpu.py [--requests N] [--max-tokens N] [--batch N]
+
+Not a test; writes benchmarks/results/multinode-cpu.md.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from checkpoint import build_checkpoint
+from machine import describe
+from throughput import Workload
+
+from kvserve import SamplingParams
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.executor.distributed import free_port
+from kvserve.engine.llm_engine import LLMEngine
+
+HERE = Path(__file__).resolve().parent
+SETTINGS = dict(dtype="float32", max_model_len=1024, num_kv_blocks=1024)
+
+
+def headless(config: EngineConfig) -> subprocess.Popen:
+    """Node 1 of ``config``'s two (``kvserve serve --headless``), one thread per rank."""
+    argv = [
+        sys.executable, "-m", "kvserve.server.cli", "serve", "--headless",
+        "--model", config.model, "--dtype", config.dtype, "--max-model-len", "1024",
+        "--num-kv-blocks", str(config.num_kv_blocks), "--nnodes", "2", "--node-rank", "1",
+        "--master-port", str(config.master_port),
+        "--tensor-parallel-size", str(config.tensor_parallel_size),
+        "--pipeline-parallel-size", str(config.pipeline_parallel_size),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def engine(model: Path, threads: int, nodes: int, **layout: int) -> tuple[LLMEngine, object]:
+    """An engine over ``nodes`` nodes (the second a headless subprocess) and that node, with
+    ``threads`` torch threads in this process before the executor divides them."""
+    torch.set_num_threads(threads)
+    extra = dict(nnodes=2, master_port=free_port()) if nodes == 2 else {}
+    config = EngineConfig(model=str(model), **SETTINGS, **layout, **extra)  # type: ignore[arg-type]
+    node = headless(config) if nodes == 2 else None
+    return LLMEngine(config), node
+
+
+def close(llm: LLMEngine, node: subprocess.Popen | None) -> None:
+    llm.shutdown()
+    if node is not None:
+        node.wait(60)
+
+
+def decode_step_ms(llm: LLMEngine, batch: int, prompt: int, steps: int) -> float:
+    """Median wall ms of a decode step of ``batch`` sequences after a prefill of ``prompt``
+    tokens each."""
+    params = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True)
+    for i in range(batch):
+        llm.add_request(f"d{i}", [2 + (i * 7 + j) % 31000 for j in range(prompt)], params)
+    llm.step()  # the prefill
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        llm.step()
+        times.append(time.perf_counter() - start)
+    while llm.has_unfinished_requests():
+        llm.step()
+    return statistics.median(times) * 1e3
+
+
+def w1(llm: LLMEngine, workload: Workload) -> tuple[float, int]:
+    """Wall seconds and output tokens of the workload, all requests added at once."""
+    params = SamplingParams(temperature=0, max_tokens=workload.max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    for i, prompt in enumerate(workload.prompts):
+        llm.add_request(f"w{i}", prompt, params)
+    tokens = 0
+    while llm.has_unfinished_requests():
+        tokens += sum(len(o.outputs[0].token_ids) for o in llm.step())
+    return time.perf_counter() - start, tokens
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--min-prompt", type=int, default=32)
+    p.add_argument("--max-prompt", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--batch", type=int, default=16, help="sequences of part A's decode steps")
+    p.add_argument("--steps", type=int, default=30, help="decode steps timed in part A")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=HERE / "results" / "multinode-cpu.md")
+    args = p.parse_args()
+    workload = Workload.random(
+        args.requests, args.min_prompt, args.max_prompt, args.max_tokens, args.seed
+    )
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    steps_rows, w1_rows = [], []
+    with tempfile.TemporaryDirectory(prefix="kvserve-multinode-") as tmp:
+        model = build_checkpoint(Path(tmp) / "model", torch.float32, args.seed).directory
+        runs_a = [
+            ("TP=1, one process (1 thread)", 1, 1, dict()),
+            ("TP=2, one node: rank 1 a worker process (socket pair)", 2, 1,
+             dict(tensor_parallel_size=2)),
+            ("TP=2, two nodes: rank 1 on a headless node (TCP)", 1, 2,
+             dict(tensor_parallel_size=2)),
+        ]  # fmt: skip
+        base = None
+        for name, threads, nodes, layout in runs_a:
+            llm, node = engine(model, threads, nodes, **layout)
+            try:
+                ms = decode_step_ms(llm, args.batch, 64, args.steps)
+            finally:
+                close(llm, node)
+            base = base or ms
+            steps_rows.append(f"| {name} | {ms:.2f} | {ms - base:+.2f} |")
+            print(steps_rows[-1], file=sys.stderr, flush=True)
+        runs_b = [
+            ("PP=1, one process (2 threads)", 2, 1, dict()),
+            ("PP=2, one node: two stages, 1 thread each", 2, 1, dict(pipeline_parallel_size=2)),
+            ("PP=2, two nodes: a stage per node", 1, 2, dict(pipeline_parallel_size=2)),
+            ("PP=1 again (order effects)", 2, 1, dict()),
+        ]
+        rate_base = None
+        for name, threads, nodes, layout in runs_b:
+            llm, node = engine(model, threads, nodes, **layout)
+            try:
+                w1(llm, Workload(workload.prompts[:2], 4))  # warm-up
+                wall, tokens = w1(llm, workload)
+            finally:
+                close(llm, node)
+            rate = tokens / wall
+            rate_base = rate_base or rate
+            w1_rows.append(f"| {name} | {wall:.1f} | {rate:.1f} | {rate / rate_base:.2f}x |")
+            print(w1_rows[-1], file=sys.stderr, flush=True)
+    lines = [
+        f"# Multi-node execution on a CPU ({started})",
+        "",
+        describe(),
+        "",
+        "llama-134m (12 layers, hidden 768) in float32, one run, in this order, in one "
+        "process (plus its worker and headless-node processes), each rank one torch thread "
+        "unless said. Two nodes = two processes on 127.0.0.1.",
+        "",
+        f"## A. Decode step, {args.batch} sequences of 64-token prompts "
+        f"(median of {args.steps} steps)",
+        "",
+        "| layout | ms per step | vs TP=1 |",
+        "| --- | ---: | ---: |",
+        *steps_rows,
+        "",
+        "The difference between the two TP=2 rows is the cost of the cross-node path (the "
+        "step frame over TCP instead of a socket pair; gloo over TCP both times).",
+        "",
+        f"## B. W1: {args.requests} requests, prompts of {args.min_prompt}-{args.max_prompt} "
+        f"tokens, {args.max_tokens} output tokens each (greedy)",
+        "",
+        "| layout | W1 wall (s) | output tok/s | vs PP=1 |",
+        "| --- | ---: | ---: | ---: |",
+        *w1_rows,
+        "",
+        "No micro-batches: a step's stages run one after the other, so with PP=2 one stage "
+        "idles while the other computes.",
+    ]
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
