@@ -8,9 +8,9 @@ A. The per-step cost of the cross-process exchange: decode steps of a batch at T
    over TCP too). Both nodes are processes on this machine (127.0.0.1): the numbers are the
    cost of the processes and the protocol, not of a network.
 B. W1 throughput (throughput.py's workload, scaled by --requests and --max-tokens) at PP=1
-   (one process, two threads) against PP=2 (two stages, one thread each) on one node, and
-   PP=2 across two nodes. Stages run one after the other within a step (no micro-batches):
-   PP=2 can only lose on one machine; it exists to split a model too large for one node.
+   (one process, one and two threads) against PP=2 (two stages, one thread each) on one
+   node, with and without micro-batches (``engine/executor/micro_batches.py``), and PP=2
+   across two nodes.
 
     python benchmarks/multinode_cpu.py [--requests N] [--max-tokens N] [--batch N]
 
@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -34,6 +36,7 @@ from throughput import Workload
 
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
+from kvserve.engine.executor import micro_batches
 from kvserve.engine.executor.distributed import free_port
 from kvserve.engine.llm_engine import LLMEngine
 
@@ -69,6 +72,21 @@ def close(llm: LLMEngine, node: subprocess.Popen | None) -> None:
     llm.shutdown()
     if node is not None:
         node.wait(60)
+
+
+@contextmanager
+def micro_batched(on: bool) -> Iterator[None]:
+    """Off: the leader sends each pipeline step whole (the lever measured: ``split`` as if
+    every step were one micro-batch)."""
+    if on:
+        yield
+        return
+    split = micro_batches.split
+    micro_batches.split = lambda out, count: [out]
+    try:
+        yield
+    finally:
+        micro_batches.split = split
 
 
 def decode_step_ms(llm: LLMEngine, batch: int, prompt: int, steps: int) -> float:
@@ -135,18 +153,22 @@ def main() -> None:
             base = base or ms
             steps_rows.append(f"| {name} | {ms:.2f} | {ms - base:+.2f} |")
             print(steps_rows[-1], file=sys.stderr, flush=True)
+        pp2 = dict(pipeline_parallel_size=2)
         runs_b = [
-            ("PP=1, one process (2 threads)", 2, 1, dict()),
-            ("PP=2, one node: two stages, 1 thread each", 2, 1, dict(pipeline_parallel_size=2)),
-            ("PP=2, two nodes: a stage per node", 1, 2, dict(pipeline_parallel_size=2)),
-            ("PP=1 again (order effects)", 2, 1, dict()),
+            ("PP=1, one process (1 thread)", 1, 1, dict(), True),
+            ("PP=1, one process (2 threads)", 2, 1, dict(), True),
+            ("PP=2, one node, no micro-batches", 2, 1, pp2, False),
+            ("PP=2, one node, 2 micro-batches per step", 2, 1, pp2, True),
+            ("PP=2, two nodes (a stage each), 2 micro-batches", 1, 2, pp2, True),
+            ("PP=1 again, 1 thread (order effects)", 1, 1, dict(), True),
         ]
         rate_base = None
-        for name, threads, nodes, layout in runs_b:
+        for name, threads, nodes, layout, micro in runs_b:
             llm, node = engine(model, threads, nodes, **layout)
             try:
-                w1(llm, Workload(workload.prompts[:2], 4))  # warm-up
-                wall, tokens = w1(llm, workload)
+                with micro_batched(micro):
+                    w1(llm, Workload(workload.prompts[:2], 4))  # warm-up
+                    wall, tokens = w1(llm, workload)
             finally:
                 close(llm, node)
             rate = tokens / wall
@@ -175,12 +197,14 @@ def main() -> None:
         f"## B. W1: {args.requests} requests, prompts of {args.min_prompt}-{args.max_prompt} "
         f"tokens, {args.max_tokens} output tokens each (greedy)",
         "",
-        "| layout | W1 wall (s) | output tok/s | vs PP=1 |",
+        "| layout | W1 wall (s) | output tok/s | vs PP=1 (1 thread) |",
         "| --- | ---: | ---: | ---: |",
         *w1_rows,
         "",
-        "No micro-batches: a step's stages run one after the other, so with PP=2 one stage "
-        "idles while the other computes.",
+        "Without micro-batches a step's stages run one after the other, one stage idle "
+        "while the other computes; with 2 micro-batches stage 0 computes the second while "
+        "stage 1 computes the first. Two threads in one process contend with the machine's "
+        "other load (OpenMP threads spin): both PP=1 rows are given, vs PP=1 on one thread.",
     ]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -8,6 +8,7 @@ head). With one rank, ``execute`` is both, exactly the path of an engine without
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -311,10 +312,38 @@ class ModelRunner:
         return self.model.logits(hidden)
 
     def _run_stage(self, inputs: StepInputs, rows: torch.Tensor | None) -> torch.Tensor:
-        """This pipeline stage's part of the step: from the tokens (first stage) or the
-        previous stage's residual stream, through its layers, to the next stage or to the
-        logits (last stage), which world rank 0 receives; other ranks return an empty
-        tensor."""
+        """This pipeline stage's part of the step (``_stage_forward``); the logits on the
+        last stage and on world rank 0 (which receives them), an empty tensor elsewhere."""
+        logits = self._stage_forward(inputs, rows)
+        if logits is not None:
+            return logits
+        if self.pp.is_first and self.pp.tp_rank == 0:
+            return self._recv_logits(inputs, rows)
+        return inputs.positions.new_empty(0, dtype=torch.float32)
+
+    def run_micro_batches(self, batches: list[StepInputs]) -> list[torch.Tensor]:
+        """World rank 0 of a pipeline: each micro-batch through this first stage, its sends
+        left in flight so that the next one is computed while the next stage runs it; then
+        every micro-batch's logits, from the last stage."""
+        pending: list[Any] = []
+        rows = [None if b.every_row else b.logits_indices for b in batches]
+        for inputs, batch_rows in zip(batches, rows, strict=True):
+            self._stage_forward(inputs, batch_rows, pending)
+        logits = [self._recv_logits(b, r) for b, r in zip(batches, rows, strict=True)]
+        self.pp.wait_all(pending)
+        return logits
+
+    def _recv_logits(self, inputs: StepInputs, rows: torch.Tensor | None) -> torch.Tensor:
+        count = len(inputs.input_ids) if rows is None else len(rows)
+        return self.pp.recv_logits(count, self.model.config.vocab_size, self.plan.device)
+
+    @torch.inference_mode()
+    def _stage_forward(
+        self, inputs: StepInputs, rows: torch.Tensor | None, pending: list[Any] | None = None
+    ) -> torch.Tensor | None:
+        """From the tokens (first stage) or the previous stage's residual stream, through
+        this stage's layers, to the next stage (None; its sends in flight in ``pending``, if
+        given) or to the logits (last stage, which sends them to world rank 0 too)."""
         pp, model = self.pp, self.model
         if pp.is_first:
             hidden, residual = model.embed_tokens(inputs.input_ids), None
@@ -327,13 +356,10 @@ class ModelRunner:
         hidden, residual = model.run_layers(
             hidden, inputs.positions, self.kv_caches, inputs.meta, rows, residual
         )
-        if pp.is_last:
-            logits = model.logits(residual + hidden)
-            if pp.sends_logits:
-                pp.send_logits(logits)
-            return logits
-        pp.send_next(hidden, residual)
-        if pp.is_first and pp.tp_rank == 0:
-            count = len(inputs.input_ids) if rows is None else len(rows)
-            return pp.recv_logits(count, model.config.vocab_size, self.plan.device)
-        return hidden.new_empty(0)
+        if not pp.is_last:
+            pp.send_next(hidden, residual, pending=pending)
+            return None
+        logits = model.logits(residual + hidden)
+        if pp.sends_logits:
+            pp.send_logits(logits)
+        return logits

@@ -1,5 +1,10 @@
-"""Tensor parallelism over processes: rank 0 in the engine's process, ranks 1..N-1 in
-worker processes (``worker.py``).
+"""Tensor and pipeline parallelism over processes: rank 0 in the engine's process, ranks
+1..N-1 in worker processes (``worker.py``): this node's, spawned here, and with several
+nodes the other nodes' (started by their headless node, ``headless.py``), which connect to
+the rendezvous at ``master_addr:master_port`` and then to this process's step listener
+(``node_link.py``) within ``distributed_timeout_seconds``, else an error names each node that
+never arrived. A rank on another node is known by its socket alone: its connection closing
+is its death, with the same consequences as a local worker's exit.
 
 Rank 0 runs in the engine's own process, on the engine thread: the scheduler, the KV-cache
 manager and the sampler stay where they are, and the logits never cross a process boundary
@@ -58,7 +63,7 @@ import torch
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.execution_plan import ExecutionPlan
-from kvserve.engine.executor import messages
+from kvserve.engine.executor import messages, micro_batches
 from kvserve.engine.executor.distributed import RankGroups, free_port, rendezvous_store
 from kvserve.engine.executor.model_runner import ModelRunner
 from kvserve.engine.executor.node_link import NodeListener
@@ -257,15 +262,22 @@ class MultiprocExecutor:
                 raise ExecutorFailedError(worker.describe() or f"rank {worker.rank}: {message}")
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Prepare the step, send it to every worker, run rank 0's part; the logits."""
+        """Prepare the step, send it to every worker, run rank 0's part; the logits. With
+        several pipeline stages the step goes as micro-batches (``micro_batches.py``)."""
         if self._failure is not None:
             raise ExecutorFailedError(self._failure)
-        inputs = self.runner.prepare(out)
+        stages = self.runner.pp.size
+        parts = micro_batches.split(out, stages) if stages > 1 else [out]
+        batches = [self.runner.prepare(part) for part in parts]
         try:
-            frame = messages.frame(messages.Step.of(inputs))
-            for worker in self.workers:
-                worker.sock.sendall(frame)
-            logits = self.runner.run(inputs)
+            for inputs in batches:
+                frame = messages.frame(messages.Step.of(inputs))
+                for worker in self.workers:
+                    worker.sock.sendall(frame)
+            if len(batches) == 1:
+                logits = self.runner.run(batches[0])
+            else:
+                logits = micro_batches.join_logits(parts, self.runner.run_micro_batches(batches))
         except Exception as exc:
             raise self._failed(exc) from exc
         self.check_health()  # a non-blocking waitpid per worker: a few µs

@@ -69,11 +69,22 @@ class PipelineParallel:
         else:
             work.wait(self.timeout)
 
-    def send_next(self, *tensors: torch.Tensor) -> None:
-        """``tensors`` to this rank's peer in the next stage."""
+    def send_next(self, *tensors: torch.Tensor, pending: list[Any] | None = None) -> None:
+        """``tensors`` to this rank's peer in the next stage; sent once this returns, or, with
+        ``pending``, in flight: each send's (work, tensor) appended there, for ``wait_all``."""
         peer = self._world_rank(self.rank + 1)
         for tensor in tensors:
-            self._wait(self.group.send([tensor.contiguous()], peer, 0))
+            tensor = tensor.contiguous()
+            work = self.group.send([tensor], peer, 0)
+            if pending is None:
+                self._wait(work)
+            else:
+                pending.append((work, tensor))
+
+    def wait_all(self, pending: list[Any]) -> None:
+        """The sends in flight in ``pending`` done."""
+        for work, _ in pending:
+            self._wait(work)
 
     def recv_prev(self, count: int, like: torch.Tensor) -> list[torch.Tensor]:
         """``count`` tensors shaped as ``like`` from this rank's peer in the previous stage."""
