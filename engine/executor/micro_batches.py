@@ -18,7 +18,8 @@ def split(out: SchedulerOutput, count: int) -> list[SchedulerOutput]:
     """``out`` as at most ``count`` micro-batches of contiguous requests, about equal in
     tokens, none empty."""
     count = min(count, len(out.scheduled))
-    total, parts, done = out.num_batched_tokens, [], 0
+    total, done = out.num_batched_tokens, 0
+    parts: list[SchedulerOutput] = []
     current = SchedulerOutput()
     for index, (request, num_new) in enumerate(out.scheduled):
         current.scheduled.append((request, num_new))
