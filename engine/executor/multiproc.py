@@ -176,17 +176,18 @@ class MultiprocExecutor:
         if plan.device.type == "cpu":
             torch.set_num_threads(threads)
         multinode = config.nnodes > 1
-        host = config.master_addr if multinode else "127.0.0.1"
         port = config.master_port if multinode else free_port()
         startup_timeout = timedelta(seconds=STARTUP_TIMEOUT_S)
-        store = rendezvous_store(port, 0, size, startup_timeout, host)
-        listener = NodeListener(store, host) if multinode else None
+        # the store listens on every interface; this node's ranks reach it on 127.0.0.1, so
+        # the leader never needs to resolve master_addr, the other nodes' address for it
+        store = rendezvous_store(port, 0, size, startup_timeout)
+        listener = NodeListener(store, config.master_addr) if multinode else None
         context = multiprocessing.get_context("spawn")
         try:
             for rank in range(1, local):
                 ours, theirs = socket.socketpair()
                 spec = WorkerSpec(
-                    rank, size, port, config, threads, STARTUP_TIMEOUT_S, step_timeout_s, host
+                    rank, size, port, config, threads, STARTUP_TIMEOUT_S, step_timeout_s
                 )
                 process = context.Process(
                     target=run_worker,
