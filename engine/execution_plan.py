@@ -15,6 +15,7 @@ from kvserve.engine.core.kv_groups import (
     KVGroup,
     LayerKind,
     group_size,
+    held_pages,
     kv_groups,
 )
 from kvserve.engine.graphs.cpu_graphs import use_cpu_graphs
@@ -28,8 +29,10 @@ from kvserve.engine.kv_cache_sizing import (
 from kvserve.engine.layers.attention.backend import AttentionBackend, select_backend
 from kvserve.engine.layers.attention.fp8_kv import FP8, kv_cache_dtype
 from kvserve.engine.layers.cpu_linear.packed_linear import can_pack
+from kvserve.engine.layers.pipeline_parallel import PipelineParallel
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
+from kvserve.engine.models.registry import model_class
 
 
 @dataclass(frozen=True)
@@ -133,16 +136,20 @@ class ExecutionPlan:
 
 
 def plan_execution(
-    config: EngineConfig, model_config: ModelConfig, flags: frozenset[str] | None = None
+    config: EngineConfig,
+    model_config: ModelConfig,
+    flags: frozenset[str] | None = None,
+    rank: int = 0,
 ) -> ExecutionPlan:
     """Resolve ``config``'s ``auto`` settings for this checkpoint on this machine (``flags``:
-    its CPU's feature flags, read from /proc/cpuinfo unless given); raises ValueError for a
-    setting the checkpoint or the device cannot honour."""
+    its CPU's feature flags, read from /proc/cpuinfo unless given) for world rank ``rank``
+    (with several pipeline stages a block holds the KV pages of its stage's layers alone);
+    raises ValueError for a setting the checkpoint or the device cannot honour."""
     device = _device(config)
-    tp = config.tensor_parallel_size
-    if device.type == "cuda" and tp > 1 and tp > torch.cuda.device_count():
+    tp, local = config.tensor_parallel_size, config.local_world_size
+    if device.type == "cuda" and local > 1 and local > torch.cuda.device_count():
         raise ValueError(
-            f"tensor_parallel_size {tp} needs {tp} CUDA devices, one per rank; this machine "
+            f"tensor_parallel_size {tp} needs {local} CUDA devices, one per rank; this machine "
             f"has {torch.cuda.device_count()}"
         )
     cpu_bf16 = native_bf16(cpu_flags() if flags is None else flags)
@@ -151,7 +158,14 @@ def plan_execution(
     max_model_len = _max_model_len(config, model_config)
     kv_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype, device, backend)
     groups = kv_groups(layer_kinds(model_config))
-    block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype, group_size(groups))
+    pages = group_size(groups)
+    if config.pipeline_parallel_size > 1:
+        model_class(model_config.architecture).check_pipeline(
+            model_config, config.pipeline_parallel_size
+        )
+        stage = PipelineParallel.of_rank(rank, tp, config.pipeline_parallel_size)
+        pages = len(held_pages(groups, stage.layers(model_config.num_layers)))
+    block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype, pages)
     held = sum(
         g.max_blocks(max_model_len, config.block_size, config.max_num_batched_tokens)
         for g in groups
@@ -167,7 +181,13 @@ def plan_execution(
     # a model sharded over several ranks runs every step eagerly
     # nor with several block tables (a hybrid model's groups), nor with state slots; nor with
     # LoRA layers (a step's adapter row groups are not part of a replayed step)
-    eager = config.enforce_eager or tp > 1 or len(groups) > 1 or slots > 0 or config.enable_lora
+    eager = (
+        config.enforce_eager
+        or config.world_size > 1
+        or len(groups) > 1
+        or slots > 0
+        or config.enable_lora
+    )
     return ExecutionPlan(
         model=config.model,
         family=model_config.family,

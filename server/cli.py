@@ -145,10 +145,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _serve_headless(args: argparse.Namespace) -> int:
+    """A worker node's ranks alone (``--headless``): no API server."""
+    import logging
+
+    from kvserve.engine.executor.headless import run_headless
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = engine_config(args)
+    except ValueError as exc:
+        raise SystemExit(f"kvserve: {exc}") from exc
+    return run_headless(config)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
+        if args.headless:
+            return _serve_headless(args)
         if args.enable_auto_tool_choice and args.tool_call_parser is None:
             parser.error("--enable-auto-tool-choice requires --tool-call-parser")
         if args.collect_detailed_traces and args.otlp_traces_endpoint is None:

@@ -92,3 +92,9 @@ def kv_groups(kinds: Sequence[LayerKind]) -> tuple[KVGroup, ...]:
 def group_size(groups: Sequence[KVGroup]) -> int:
     """KV tensor pairs the cache needs: layers per page."""
     return max((len(group.layers) for group in groups), default=0)
+
+
+def held_pages(groups: Sequence[KVGroup], layers: range) -> list[int]:
+    """The page positions (KV tensor pairs) that ``layers`` (a pipeline stage's) use, in
+    order: a stage allocates those alone, and its block is that many pages."""
+    return sorted({i for g in groups for i, layer in enumerate(g.layers) if layer in layers})

@@ -6,8 +6,9 @@ head). With one rank, ``execute`` is both, exactly the path of an engine without
 """
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,7 +16,7 @@ import torch.distributed as dist
 
 from kvserve.engine import host_allocator
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.core.kv_groups import group_size
+from kvserve.engine.core.kv_groups import group_size, held_pages
 from kvserve.engine.core.request import Request
 from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.device_copy import to_device
@@ -24,6 +25,7 @@ from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
 from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.linear_attention.metadata import StateMetadata
+from kvserve.engine.layers.pipeline_parallel import PipelineParallel
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.lora.lora_slots import LoRASlots
 from kvserve.engine.lora.peft_adapter import LoRAAdapter
@@ -70,9 +72,11 @@ class ModelRunner:
         progress: Callable[[int, int], None] | None = None,
         startup: StartupPhases | None = None,
         tp: TensorParallel | None = None,
+        pp: PipelineParallel | None = None,
     ) -> None:
         self.startup = startup or StartupPhases()
         self.tp = tp = tp or TensorParallel()
+        self.pp = pp = pp or PipelineParallel()
         device, dtype = plan.device, plan.dtype
         with self.startup.measure("load", device):
             self.model = load_model(
@@ -85,13 +89,21 @@ class ModelRunner:
                 progress,
                 plan.packed_linears,
                 tp=tp,
+                pp=pp,
             )
         self.lora: LoRASlots | None = None
         if config.enable_lora:
             self.lora = LoRASlots(self.model, config.max_loras, config.max_lora_rank, device)
         with self.startup.measure("kv_alloc", device):
             if plan.num_kv_blocks is None:
+                if pp.size > 1:
+                    raise ValueError(
+                        "pipeline_parallel_size > 1 needs the KV cache's size set "
+                        "(num_kv_blocks or kv_cache_memory_gb): a stage is not profiled"
+                    )
                 plan = plan.with_measured_kv_blocks(self.model, config)
+                plan = dataclasses.replace(plan, num_kv_blocks=self._fewest(plan))
+            elif pp.size > 1:  # each stage sized its blocks by its own layers
                 plan = dataclasses.replace(plan, num_kv_blocks=self._fewest(plan))
             self.plan = plan
             assert plan.num_kv_blocks is not None
@@ -102,13 +114,17 @@ class ModelRunner:
                 model_config.head_dim,
             )
             kv_dtype = plan.kv_cache_dtype
-            pages = [
-                (
+            # a pipeline stage holds the pages of its own layers alone
+            held: Sequence[int] = range(group_size(plan.kv_groups))
+            if pp.size > 1:
+                held = held_pages(plan.kv_groups, pp.layers(model_config.num_layers))
+            none = torch.empty(0, dtype=kv_dtype, device=device)
+            pages = [(none, none)] * group_size(plan.kv_groups)
+            for position in held:
+                pages[position] = (
                     torch.zeros(shape, dtype=kv_dtype, device=device),
                     torch.zeros(shape, dtype=kv_dtype, device=device),
                 )
-                for _ in range(group_size(plan.kv_groups))
-            ]
             # a group's i-th layer keeps its keys and values in the i-th tensor pair
             self.kv_caches = [pages[0]] * model_config.num_layers
             self.layer_groups = [0] * model_config.num_layers
@@ -140,10 +156,11 @@ class ModelRunner:
     def _fewest(self, plan: ExecutionPlan) -> int:
         """The fewest KV blocks any rank measured room for."""
         assert plan.num_kv_blocks is not None
-        if self.tp.size == 1:
+        group = self.pp.group if self.pp.size > 1 else self.tp.group
+        if group is None:
             return plan.num_kv_blocks
         count = torch.tensor([plan.num_kv_blocks], dtype=torch.int64, device=plan.device)
-        dist.all_reduce(count, op=dist.ReduceOp.MIN, group=self.tp.group)
+        dist.all_reduce(count, op=dist.ReduceOp.MIN, group=group)
         return int(count.item())
 
     def _warm_up(self) -> None:
@@ -282,6 +299,8 @@ class ModelRunner:
         gets all of them: the LM head gathers them). Only those rows go through the last
         layer's output projection and MLP (see ``DecoderLM.forward``)."""
         rows = None if inputs.every_row else inputs.logits_indices
+        if self.pp.size > 1:
+            return self._run_stage(inputs, rows)
         if self.lora is not None:
             # the LoRA layers' row groups span the whole batch: every row runs every layer
             for slot, adapter in inputs.lora_fills:
@@ -291,3 +310,56 @@ class ModelRunner:
             return self.model.logits(hidden if rows is None else hidden[rows])
         hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, rows)
         return self.model.logits(hidden)
+
+    def _run_stage(self, inputs: StepInputs, rows: torch.Tensor | None) -> torch.Tensor:
+        """This pipeline stage's part of the step (``_stage_forward``); the logits on the
+        last stage and on world rank 0 (which receives them), an empty tensor elsewhere."""
+        logits = self._stage_forward(inputs, rows)
+        if logits is not None:
+            return logits
+        if self.pp.is_first and self.pp.tp_rank == 0:
+            return self._recv_logits(inputs, rows)
+        return inputs.positions.new_empty(0, dtype=torch.float32)
+
+    def run_micro_batches(self, batches: list[StepInputs]) -> list[torch.Tensor]:
+        """World rank 0 of a pipeline: each micro-batch through this first stage, its sends
+        left in flight so that the next one is computed while the next stage runs it; then
+        every micro-batch's logits, from the last stage."""
+        pending: list[Any] = []
+        rows = [None if b.every_row else b.logits_indices for b in batches]
+        for inputs, batch_rows in zip(batches, rows, strict=True):
+            self._stage_forward(inputs, batch_rows, pending)
+        logits = [self._recv_logits(b, r) for b, r in zip(batches, rows, strict=True)]
+        self.pp.wait_all(pending)
+        return logits
+
+    def _recv_logits(self, inputs: StepInputs, rows: torch.Tensor | None) -> torch.Tensor:
+        count = len(inputs.input_ids) if rows is None else len(rows)
+        return self.pp.recv_logits(count, self.model.config.vocab_size, self.plan.device)
+
+    @torch.inference_mode()
+    def _stage_forward(
+        self, inputs: StepInputs, rows: torch.Tensor | None, pending: list[Any] | None = None
+    ) -> torch.Tensor | None:
+        """From the tokens (first stage) or the previous stage's residual stream, through
+        this stage's layers, to the next stage (None; its sends in flight in ``pending``, if
+        given) or to the logits (last stage, which sends them to world rank 0 too)."""
+        pp, model = self.pp, self.model
+        if pp.is_first:
+            hidden, residual = model.embed_tokens(inputs.input_ids), None
+        else:
+            like = torch.empty(
+                len(inputs.input_ids), model.config.hidden_size, dtype=self.plan.dtype,
+                device=self.plan.device,
+            )  # fmt: skip
+            hidden, residual = pp.recv_prev(2, like)
+        hidden, residual = model.run_layers(
+            hidden, inputs.positions, self.kv_caches, inputs.meta, rows, residual
+        )
+        if not pp.is_last:
+            pp.send_next(hidden, residual, pending=pending)
+            return None
+        logits = model.logits(residual + hidden)
+        if pp.sends_logits:
+            pp.send_logits(logits)
+        return logits
