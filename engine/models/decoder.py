@@ -30,7 +30,7 @@ from kvserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEm
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.quantization.linear_methods import linear_method
 
-__all__ = ["DecoderLM", "KVCache", "StepMetadata", "Switches"]
+__all__ = ["DecoderLM", "KVCache", "StepMetadata", "Switches", "build_attention"]
 
 StepMetadata = AttentionMetadata | list[AttentionMetadata | StateMetadata]
 """A step's layout for the layers: one ``AttentionMetadata`` for every layer, or each
@@ -97,6 +97,40 @@ class MLP(nn.Module):
         return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
 
 
+def build_attention(
+    cfg: ModelConfig,
+    switches: Switches,
+    rotary: RotaryEmbedding,
+    backend: AttentionBackend,
+    tp: TensorParallel,
+    prefix: str,
+    **kind: Any,
+) -> Attention:
+    """The attention of layer ``prefix`` (``model.layers.3``): ``cfg``'s hidden size, heads,
+    kv heads and head size, the biases and q/k norms ``switches`` turn on (the norms'
+    epsilon ``rms_norm_eps``), and the q/k/v and o weight methods the checkpoint's
+    quantization gives ``{prefix}.self_attn``; ``kind``: ``Attention``'s other keywords
+    (window, sinks, soft-cap, scale, v norm, output gate), which may also override
+    ``head_dim`` and ``num_kv_heads`` for this layer."""
+    attn, quant = f"{prefix}.self_attn", cfg.quantization
+    shape = {"head_dim": cfg.head_dim, "num_kv_heads": cfg.num_kv_heads}
+    shape.update((key, kind.pop(key)) for key in list(shape) if key in kind)
+    return Attention(
+        cfg.hidden_size,
+        cfg.num_heads,
+        **shape,
+        qkv_bias=switches.qkv_bias,
+        o_bias=switches.o_bias,
+        qk_norm_eps=cfg.rms_norm_eps if switches.qk_norm else None,
+        rotary=rotary,
+        backend=backend,
+        tp=tp,
+        qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
+        o_method=linear_method(quant, [f"{attn}.o_proj"]),
+        **kind,
+    )
+
+
 class DecoderLayer(nn.Module):
     def __init__(
         self,
@@ -114,21 +148,8 @@ class DecoderLayer(nn.Module):
         set this layer's apart (``DecoderLM.attention_kind``)."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        attn, quant = f"{prefix}.self_attn", cfg.quantization
-        self.self_attn = Attention(
-            cfg.hidden_size,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            qkv_bias=switches.qkv_bias,
-            o_bias=switches.o_bias,
-            qk_norm_eps=cfg.rms_norm_eps if switches.qk_norm else None,
-            rotary=rotary,
-            backend=backend,
-            tp=tp,
-            qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
-            o_method=linear_method(quant, [f"{attn}.o_proj"]),
-            **attention_kind,
+        self.self_attn = build_attention(
+            cfg, switches, rotary, backend, tp, prefix, **attention_kind
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp

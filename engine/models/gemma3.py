@@ -18,16 +18,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvserve.engine.layers.attention.backend import AttentionBackend
-from kvserve.engine.layers.attention.layer import Attention, KVCache
+from kvserve.engine.layers.attention.layer import KVCache
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.layernorm import RMSNorm
 from kvserve.engine.layers.linear import default_weight_loader, set_weight_loader
 from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
-from kvserve.engine.models.decoder import MLP, DecoderLM, StepMetadata
+from kvserve.engine.models.decoder import MLP, DecoderLM, StepMetadata, Switches, build_attention
 from kvserve.engine.models.model_config import ModelConfig, RopeConfig
-from kvserve.engine.quantization.linear_methods import linear_method
 
 
 def _load_plus_one(param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
@@ -70,21 +69,16 @@ class Gemma3DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         assert cfg.gemma is not None
-        eps, quant, attn = cfg.rms_norm_eps, cfg.quantization, f"{prefix}.self_attn"
-        self.self_attn = Attention(
-            cfg.hidden_size,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            qkv_bias=cfg.attention_bias,
-            o_bias=cfg.attention_bias,
-            qk_norm_eps=eps,
+        eps = cfg.rms_norm_eps
+        switches = Switches(cfg.attention_bias, cfg.attention_bias, qk_norm=True)
+        self.self_attn = build_attention(
+            cfg,
+            switches,
+            rotary,
+            backend,
+            tp,
+            prefix,
             v_norm_eps=eps if self.V_NORM else None,
-            rotary=rotary,
-            backend=backend,
-            tp=tp,
-            qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
-            o_method=linear_method(quant, [f"{attn}.o_proj"]),
             sliding_window=window,
             scale=cfg.gemma.query_pre_attn_scalar**-0.5,
         )
