@@ -14,6 +14,7 @@ from kvserve.engine.models.gemma_config import (
     GemmaConfig,
     gemma4_defaults,
     global_rope_config,
+    kv_owners,
     language_model_config,
 )
 from kvserve.engine.models.gguf_checkpoint import gguf_config, gguf_file
@@ -71,6 +72,7 @@ class ModelConfig:
     max_position_embeddings: int
     rope: RopeConfig
     attention_bias: bool
+    """The attention's projections have biases (``attention_bias``; ``BIAS_FIELDS``)."""
     tie_word_embeddings: bool | None  # None: decided by whether lm_head.weight exists
     torch_dtype: str | None
     eos_token_ids: tuple[int, ...]
@@ -90,6 +92,15 @@ class ModelConfig:
     ``HYBRID_FAMILIES`` model; the others are full attention."""
     gated_delta_net: GatedDeltaNetConfig | None = None
     """Those layers' shape; None without them."""
+    kv_owners: tuple[int, ...] = ()
+    """Each layer's layer whose keys and values it attends over: itself, or for a KV-shared
+    layer (Gemma 4's ``num_kv_shared_layers``) an earlier one of its kind, whose cache it
+    reads (it keeps no blocks of its own). Empty: every layer its own."""
+
+    @property
+    def kv_shared_layers(self) -> tuple[int, ...]:
+        """The layers that read another layer's keys and values (``kv_owners``)."""
+        return tuple(i for i, owner in enumerate(self.kv_owners) if owner != i)
 
     @classmethod
     def from_dir(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -153,7 +164,7 @@ class ModelConfig:
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             rope=_rope(global_rope_config(raw) if gemma else raw),
-            attention_bias=bool(raw.get("attention_bias", False)),
+            attention_bias=bool(raw.get(*BIAS_FIELDS.get(family, ("attention_bias", False)))),
             tie_word_embeddings=raw.get("tie_word_embeddings"),
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
             eos_token_ids=tuple(dict.fromkeys(_as_tuple(raw.get("eos_token_id")) + extra_eos)),
@@ -163,9 +174,13 @@ class ModelConfig:
             gemma=gemma,
             linear_layers=_linear_layers(raw) if family in HYBRID_FAMILIES else (),
             gated_delta_net=_gated_delta_net(raw, family),
+            kv_owners=kv_owners(raw) if family == "gemma4" else (),
         )
 
 
+BIAS_FIELDS = {"qwen2_moe": ("qkv_bias", True)}
+"""Families whose config.json turns the attention's bias on with another field than
+``attention_bias`` → (that field, transformers' default). Qwen2-MoE's is on q/k/v only."""
 EXPERTS_ONLY = ("qwen3_5_moe",)
 """Families whose every layer has the MoE block: config.json may name no dense
 ``intermediate_size`` (0 then; no layer reads it)."""
