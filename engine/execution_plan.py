@@ -11,6 +11,7 @@ from kvserve.engine.config import DTYPES, EngineConfig
 from kvserve.engine.core.kv_groups import (
     FULL,
     LINEAR,
+    SHARED,
     SLIDING,
     KVGroup,
     LayerKind,
@@ -192,12 +193,15 @@ def plan_execution(
 
 
 def layer_kinds(model_config: ModelConfig) -> tuple[LayerKind, ...]:
-    """Each layer's memory: a state slot for ``linear_layers``, else its window from
-    ``layer_windows``, else full attention."""
+    """Each layer's memory: a state slot for ``linear_layers``, another layer's cache for
+    ``kv_shared_layers``, else its window from ``layer_windows``, else full attention."""
     windows = model_config.layer_windows or (None,) * model_config.num_layers
+    shared = model_config.kv_shared_layers
     return tuple(
         LayerKind(LINEAR)
         if i in model_config.linear_layers
+        else LayerKind(SHARED)
+        if i in shared
         else LayerKind(FULL)
         if w is None
         else LayerKind(SLIDING, w)

@@ -52,6 +52,20 @@ GEMMA4 = dict(
     },
 )
 
+KV_SHARED = dict(
+    num_hidden_layers=5,
+    layer_types=[
+        "sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+        "full_attention",
+    ],
+    num_kv_shared_layers=2,
+    attention_k_eq_v=True,
+    num_global_key_value_heads=2,
+    use_double_wide_mlp=True,
+)  # fmt: skip
+"""Gemma 4's layer sharing: layers 3 (sliding) and 4 (global) read the keys and values of
+layers 1 and 2 and have twice as wide MLPs; the global layers' values are their keys."""
+
 PER_LAYER_INPUTS = dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=512)
 """Gemma 4's per-layer input embeddings, 8 wide, a table row for every token."""
 

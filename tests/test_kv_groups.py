@@ -5,6 +5,7 @@ import pytest
 from kvserve.engine.core.kv_groups import (
     FULL,
     LINEAR,
+    SHARED,
     SLIDING,
     KVGroup,
     LayerKind,
@@ -35,6 +36,16 @@ def test_kinds_are_cut_into_groups_the_size_of_the_smallest_kind_full_attention_
 def test_linear_layers_keep_no_blocks_and_different_windows_are_different_groups():
     groups = kv_groups([L, LayerKind(SLIDING, 4), L, S])
     assert groups == (KVGroup(SLIDING, 4, (1,)), KVGroup(SLIDING, 8, (3,)))
+
+
+def test_kv_shared_layers_keep_no_blocks_and_do_not_size_the_groups():
+    groups = kv_groups([S, S, F, LayerKind(SHARED), LayerKind(SHARED)])
+    assert groups == (
+        KVGroup(FULL, None, (2,)),
+        KVGroup(SLIDING, 8, (0,)),
+        KVGroup(SLIDING, 8, (1,)),
+    )
+    assert group_size(groups) == 1
 
 
 def test_a_query_skips_the_blocks_wholly_before_its_window():

@@ -8,7 +8,9 @@ from kvserve.engine.cdiv import cdiv
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 LINEAR = "linear_attention"
-LAYER_KINDS = (FULL, SLIDING, LINEAR)
+SHARED = "kv_shared"
+"""A layer that reads another layer's keys and values (Gemma 4's KV-shared layers)."""
+LAYER_KINDS = (FULL, SLIDING, LINEAR, SHARED)
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ class KVGroup:
 
 
 def kv_groups(kinds: Sequence[LayerKind]) -> tuple[KVGroup, ...]:
-    """The attention layers of ``kinds`` (linear ones keep a state slot, not blocks) grouped
+    """The attention layers of ``kinds`` (linear ones keep a state slot, not blocks; KV-shared
+    ones read another layer's) grouped
     by kind and window into groups of equal size, full attention first.
 
     The size is the layer count of the smallest (kind, window) set, so that a page is never
@@ -76,7 +79,7 @@ def kv_groups(kinds: Sequence[LayerKind]) -> tuple[KVGroup, ...]:
     """
     by_kind: dict[tuple[str, int | None], list[int]] = {}
     for index, layer in enumerate(kinds):
-        if layer.kind != LINEAR:
+        if layer.kind not in (LINEAR, SHARED):
             by_kind.setdefault((layer.kind, layer.window), []).append(index)
     if not by_kind:
         return ()

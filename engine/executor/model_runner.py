@@ -116,6 +116,10 @@ class ModelRunner:
                 for position, layer in enumerate(group.layers):
                     self.kv_caches[layer] = pages[position]
                     self.layer_groups[layer] = index
+            for layer in model_config.kv_shared_layers:  # they read their owner's cache
+                owner = model_config.kv_owners[layer]
+                self.kv_caches[layer] = self.kv_caches[owner]
+                self.layer_groups[layer] = self.layer_groups[owner]
             self.linear_layers = model_config.linear_layers
             if plan.num_state_slots:
                 assert model_config.gated_delta_net is not None

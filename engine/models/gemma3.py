@@ -58,6 +58,16 @@ class Gemma3DecoderLayer(nn.Module):
     def norm(self, norm: RMSNorm) -> RMSNorm:
         return gemma_norm(norm) if self.PLUS_ONE_NORMS else norm
 
+    @classmethod
+    def attention_kind(cls, cfg: ModelConfig, layer: int, window: int | None) -> dict[str, Any]:
+        """``Attention``'s keywords particular to layer ``layer`` (window ``window``)."""
+        return {}
+
+    @classmethod
+    def mlp_size(cls, cfg: ModelConfig, layer: int) -> tuple[int, str] | None:
+        """Layer ``layer``'s MLP width as ``MLP`` takes it (None: ``intermediate_size``)."""
+        return None
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -66,7 +76,9 @@ class Gemma3DecoderLayer(nn.Module):
         backend: AttentionBackend,
         tp: TensorParallel,
         prefix: str,
+        layer: int,
     ) -> None:
+        """``layer``: this layer's index (``prefix``: the checkpoint's name of it)."""
         super().__init__()
         assert cfg.gemma is not None
         eps = cfg.rms_norm_eps
@@ -81,16 +93,17 @@ class Gemma3DecoderLayer(nn.Module):
             v_norm_eps=eps if self.V_NORM else None,
             sliding_window=window,
             scale=cfg.gemma.query_pre_attn_scalar**-0.5,
+            **self.attention_kind(cfg, layer, window),
         )
-        assert self.self_attn.q_norm is not None and self.self_attn.k_norm is not None
-        self.norm(self.self_attn.q_norm)
-        self.norm(self.self_attn.k_norm)
+        for qk_norm in (self.self_attn.q_norm, self.self_attn.k_norm):
+            if qk_norm is not None:  # a KV-shared layer has no k norm
+                self.norm(qk_norm)
         size = cfg.hidden_size
         self.input_layernorm = self.norm(RMSNorm(size, eps))
         self.post_attention_layernorm = self.norm(RMSNorm(size, eps))
         self.pre_feedforward_layernorm = self.norm(RMSNorm(size, eps))
         self.post_feedforward_layernorm = self.norm(RMSNorm(size, eps))
-        self.mlp = GeGLU(cfg, tp, f"{prefix}.mlp")
+        self.mlp = GeGLU(cfg, tp, f"{prefix}.mlp", self.mlp_size(cfg, layer))
 
     def forward(
         self,
@@ -138,6 +151,7 @@ class Gemma3ForCausalLM(DecoderLM):
                 backend,
                 tp,
                 f"model.layers.{i}",
+                i,
             )
             for i, window in enumerate(windows)
         )

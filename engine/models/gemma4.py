@@ -5,11 +5,16 @@ global layers (a share of each head's pairs rotates), each layer's output multip
 learned ``layer_scalar``, and optionally per-layer input embeddings (PLE: each token brings
 every layer an input of its own, which gates a residual branch after the MLP).
 
-Keys and values shared across layers, keys used as values,
-mixture-of-experts blocks, bidirectional attention and global layers of another head size
-than the sliding ones are refused as the config is read (``gemma_config.GEMMA4_REFUSED``,
-``refuse_gemma4_features``): every layer of a KV page has one shape here.
+The last ``num_kv_shared_layers`` layers read the keys and values of the last earlier
+layer of their kind (``ModelConfig.kv_owners``: its cache, its group's block table; they keep
+no blocks and project queries only); with ``attention_k_eq_v`` the global layers' values are
+their keys (before the k norm and RoPE); ``use_double_wide_mlp`` doubles the KV-shared
+layers' MLPs. Mixture-of-experts blocks, bidirectional attention over text and global layers
+of another head size than the sliding ones are refused as the config is read
+(``gemma_config.refuse_gemma4_features``): every layer of a KV page has one shape here.
 """
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +41,23 @@ class Gemma4DecoderLayer(Gemma3DecoderLayer):
     PLUS_ONE_NORMS = False
     V_NORM = True
 
+    @classmethod
+    def attention_kind(cls, cfg: ModelConfig, layer: int, window: int | None) -> dict[str, Any]:
+        """A KV-shared layer projects queries only; with ``attention_k_eq_v`` a global
+        layer projects no values (they are its keys)."""
+        assert cfg.gemma is not None
+        if layer in cfg.kv_shared_layers:
+            return {"projections": "q"}
+        return {"projections": "qk"} if cfg.gemma.k_eq_v and window is None else {}
+
+    @classmethod
+    def mlp_size(cls, cfg: ModelConfig, layer: int) -> tuple[int, str] | None:
+        """A KV-shared layer's MLP is twice as wide with ``use_double_wide_mlp``."""
+        assert cfg.gemma is not None
+        if cfg.gemma.double_wide_mlp and layer in cfg.kv_shared_layers:
+            return 2 * cfg.intermediate_size, "intermediate_size (doubled: use_double_wide_mlp)"
+        return None
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -44,8 +66,9 @@ class Gemma4DecoderLayer(Gemma3DecoderLayer):
         backend: AttentionBackend,
         tp: TensorParallel,
         prefix: str,
+        layer: int,
     ) -> None:
-        super().__init__(cfg, rotary, window, backend, tp, prefix)
+        super().__init__(cfg, rotary, window, backend, tp, prefix, layer)
         self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
         assert cfg.gemma is not None
         size, hidden = cfg.gemma.per_layer_input_size, cfg.hidden_size
