@@ -2,6 +2,7 @@
 device, logged in one line and handed around as one object."""
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ from kvserve.engine.core.kv_groups import (
     LayerKind,
     group_size,
     kv_groups,
+    page_elements,
 )
 from kvserve.engine.graphs.cpu_graphs import use_cpu_graphs
 from kvserve.engine.graphs.cuda_graphs import use_cuda_graphs
@@ -152,7 +154,7 @@ def plan_execution(
     max_model_len = _max_model_len(config, model_config)
     kv_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype, device, backend)
     groups = kv_groups(layer_kinds(model_config))
-    block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype, group_size(groups))
+    block_bytes = kv_block_bytes(config.block_size, kv_dtype, page_elements(groups))
     held = sum(
         g.max_blocks(max_model_len, config.block_size, config.max_num_batched_tokens)
         for g in groups
@@ -165,10 +167,11 @@ def plan_execution(
         else 0
     )
     # CUDA graphs and recorded CPU decode steps were never proven with collectives inside:
-    # a model sharded over several ranks runs every step eagerly
-    # nor with several block tables (a hybrid model's groups), nor with state slots; nor with
-    # LoRA layers (a step's adapter row groups are not part of a replayed step)
-    eager = config.enforce_eager or tp > 1 or len(groups) > 1 or slots > 0 or config.enable_lora
+    # a model sharded over several ranks runs every step eagerly; nor with LoRA layers (a
+    # step's adapter row groups are not part of a replayed step). Several KV groups and state
+    # slots have static buffers of their own (graphs/static_batch.py), but a CUDA graph's
+    # padding rows would need a scratch state slot: state-slot models record CPU steps only.
+    eager = config.enforce_eager or tp > 1 or config.enable_lora
     return ExecutionPlan(
         model=config.model,
         family=model_config.family,
@@ -177,7 +180,7 @@ def plan_execution(
         dtype_note=dtype_note,
         weights=quant.describe() if (quant := model_config.quantization) else "",
         backend=backend,
-        cuda_graphs=use_cuda_graphs(device, backend.name, eager),
+        cuda_graphs=use_cuda_graphs(device, backend.name, eager or slots > 0),
         cpu_graphs=use_cpu_graphs(device, backend.name, eager),
         packed_linears=can_pack(dtype, device),
         max_model_len=max_model_len,
@@ -194,7 +197,8 @@ def plan_execution(
 
 def layer_kinds(model_config: ModelConfig) -> tuple[LayerKind, ...]:
     """Each layer's memory: a state slot for ``linear_layers``, another layer's cache for
-    ``kv_shared_layers``, else its window from ``layer_windows``, else full attention."""
+    ``kv_shared_layers``, else its window from ``layer_windows``, else full attention, of
+    its kv heads x head size elements a token."""
     windows = model_config.layer_windows or (None,) * model_config.num_layers
     shared = model_config.kv_shared_layers
     return tuple(
@@ -202,9 +206,7 @@ def layer_kinds(model_config: ModelConfig) -> tuple[LayerKind, ...]:
         if i in model_config.linear_layers
         else LayerKind(SHARED)
         if i in shared
-        else LayerKind(FULL)
-        if w is None
-        else LayerKind(SLIDING, w)
+        else LayerKind(FULL if w is None else SLIDING, w, math.prod(model_config.kv_shape(i)))
         for i, w in enumerate(windows)
     )
 

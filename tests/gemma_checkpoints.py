@@ -66,6 +66,14 @@ KV_SHARED = dict(
 """Gemma 4's layer sharing: layers 3 (sliding) and 4 (global) read the keys and values of
 layers 1 and 2 and have twice as wide MLPs; the global layers' values are their keys."""
 
+GLOBAL_HEAD = dict(global_head_dim=32)
+"""A global layer of twice the sliding layers' head size: a page holds both sliding layers
+or the global one (64 elements a token)."""
+
+KEYS_AS_VALUES = dict(KV_SHARED, global_head_dim=32, num_global_key_value_heads=1)
+"""KV sharing with global layers of one kv head of 32: as many elements as a sliding layer
+(2 x 16), in another shape."""
+
 PER_LAYER_INPUTS = dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=512)
 """Gemma 4's per-layer input embeddings, 8 wide, a table row for every token."""
 

@@ -59,7 +59,8 @@ def test_a_tiny_checkpoint_on_the_cpu_gets_an_exact_plan(checkpoint):
         "kv_cache_dtype": torch.float32,  # the model's (--kv-cache-dtype auto)
         "kv_block_bytes": FLOAT32_BLOCK_BYTES,
         "num_kv_blocks": 3 * 7,  # max_num_seqs full contexts of ceil(100 / 16) blocks
-        "kv_groups": (KVGroup("full_attention", None, (0, 1)),),  # one: a dense model
+        # one: a dense model's layers, 2 kv heads x 16 elements a token each
+        "kv_groups": (KVGroup("full_attention", None, (0, 1), 32),),
         "max_blocks_held_per_seq": 7,
         "num_state_slots": 0,  # no linear-attention layers
         "state_slot_bytes": 0,

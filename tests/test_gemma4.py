@@ -16,6 +16,8 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models.model_config import ModelConfig, RopeConfig
 
 from gemma_checkpoints import (
+    GLOBAL_HEAD,
+    KEYS_AS_VALUES,
     KV_SHARED,
     PER_LAYER_INPUTS,
     WINDOW,
@@ -106,6 +108,40 @@ def test_kv_shared_layers_and_keys_as_values_match_transformers(gemma4_kv_shared
     assert runner.kv_caches[3] is runner.kv_caches[1] and runner.kv_caches[4] is runner.kv_caches[2]
 
 
+@pytest.mark.parametrize("fields", ["global-head", "keys-as-values"])
+def test_global_layers_of_another_head_shape_share_pages_of_equal_bytes(tmp_path, fields):
+    """global_head_dim 32 (sliding: 16): the global layer's 64 elements a token fill a page
+    as both sliding layers' do, so they are one group; with one global kv head its layers
+    have a sliding layer's 32 elements in another shape. Each layer's cache is its slice of
+    the pages, and the tokens are transformers'."""
+    extra = {"global-head": GLOBAL_HEAD, "keys-as-values": KEYS_AS_VALUES | PER_LAYER_INPUTS}
+    path = build_gemma4(tmp_path / fields, seed=5, **extra[fields])
+    cfg = ModelConfig.from_dir(path)
+    global_shape = (2, 32) if fields == "global-head" else (1, 32)
+    layers = cfg.num_layers
+    types = (WINDOW, WINDOW, None, WINDOW, None)[:layers]
+    assert cfg.layer_kv_shapes == tuple(global_shape if w is None else (2, 16) for w in types)
+    for scenario, settings in SCENARIOS.items():
+        prompts = make_prompts(seed=57, shared_prefixes=scenario != "default-settings")
+        engine = greedy_matches(path, settings, prompts)
+        if scenario != "default-settings":
+            assert engine.stats.num_preemptions > 0 and engine.stats.prefix_cache_hits > 0
+    groups = [(g.kind, g.layers, g.token_elements) for g in engine.kv.groups]
+    if fields == "global-head":
+        assert groups == [("full_attention", (2,), 64), ("sliding_attention", (0, 1), 32)]
+    else:
+        assert groups == [
+            ("full_attention", (2,), 32),
+            ("sliding_attention", (0,), 32),
+            ("sliding_attention", (1,), 32),
+        ]
+    keys = [key for key, _ in engine.runner.kv_caches]
+    assert keys[2].shape[1:] == (4, *global_shape) and keys[0].shape[1:] == (4, 2, 16)
+    assert keys[0].data_ptr() == keys[2].data_ptr()  # the first slice of the same pages
+    # a sliding layer's cache steps over the other's slice from block to block
+    assert keys[1].is_contiguous() == (fields == "keys-as-values")
+
+
 def test_prompts_of_1_to_200_tokens_match_transformers_in_chunks_that_split_windows(gemma4):
     rng = random.Random(53)
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 2, 9, 77, 200)]
@@ -154,21 +190,10 @@ def test_the_config_reads_gemma4s_layers_and_ropes(gemma4):
             r"^num_kv_shared_layers=3 leaves no earlier layer of each type of the 3 layers to "
             r"share keys and values from$",
         ),
-        (
-            dict(attention_k_eq_v=True, num_global_key_value_heads=1),
-            r"another head size or kv head count \(num_global_key_value_heads: ",
-        ),
-        (dict(global_head_dim=32), r"another head size or kv head count \(global_head_dim: "),
-        (
-            dict(per_layer_config={"2": {"head_dim": 32}}),
-            r"another head size .* \(per_layer_config\[2\]: \{'head_dim': 32\}\) than "
-            r"head_dim=16, num_key_value_heads=2",
-        ),
     ],
 )
 def test_a_feature_not_served_is_refused_naming_its_field(gemma4, fields, message):
     raw = json.loads((gemma4 / "config.json").read_text())
-    raw = {k: v for k, v in raw.items() if k != "per_layer_config"} | {"global_head_dim": 16}
     ModelConfig.from_dict(raw)  # served as it is
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_dict({**raw, **fields})

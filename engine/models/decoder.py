@@ -113,12 +113,11 @@ def build_attention(
     (window, sinks, soft-cap, scale, v norm, output gate), which may also override
     ``head_dim`` and ``num_kv_heads`` for this layer."""
     attn, quant = f"{prefix}.self_attn", cfg.quantization
-    shape = {"head_dim": cfg.head_dim, "num_kv_heads": cfg.num_kv_heads}
-    shape.update((key, kind.pop(key)) for key in list(shape) if key in kind)
     return Attention(
         cfg.hidden_size,
         cfg.num_heads,
-        **shape,
+        kind.pop("num_kv_heads", cfg.num_kv_heads),
+        kind.pop("head_dim", cfg.head_dim),
         qkv_bias=switches.qkv_bias,
         o_bias=switches.o_bias,
         qk_norm_eps=cfg.rms_norm_eps if switches.qk_norm else None,
@@ -180,6 +179,11 @@ class DecoderLM(nn.Module):
     """Token ids of a flat batch → hidden states; ``logits`` maps chosen rows to the vocabulary.
     Built for rank ``tp.rank`` of ``tp`` (every rank computes the same hidden states and
     logits; each holds and multiplies its shard of the weights)."""
+
+    layers_after_embed = True
+    """``forward`` is ``embed`` then ``run_layers``, as a recorded CPU decode step runs them
+    (``graphs/cpu_graphs.py``); a model whose layers take more than the embedding sets it
+    False and decodes eagerly on a CPU."""
 
     @classmethod
     def switches(cls, cfg: ModelConfig) -> Switches:
@@ -247,9 +251,13 @@ class DecoderLM(nn.Module):
         output projection and the MLP run on rows ``out_rows`` alone. In a prefill step
         that is one row per prompt: 6 % of the 134M model's matmul work skipped."""
         hidden, residual = self.run_layers(
-            self.embed_tokens(input_ids), positions, kv_caches, meta, out_rows
+            self.embed(input_ids), positions, kv_caches, meta, out_rows
         )
         return residual + hidden
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' input to the first layer: their embeddings."""
+        return self.embed_tokens(input_ids)
 
     def run_layers(
         self,

@@ -25,7 +25,7 @@ from kvserve.engine.layers.linear import default_weight_loader, set_weight_loade
 from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
-from kvserve.engine.models.decoder import MLP, DecoderLM, StepMetadata, Switches, build_attention
+from kvserve.engine.models.decoder import MLP, DecoderLM, Switches, build_attention
 from kvserve.engine.models.model_config import ModelConfig, RopeConfig
 
 
@@ -93,6 +93,8 @@ class Gemma3DecoderLayer(nn.Module):
             v_norm_eps=eps if self.V_NORM else None,
             sliding_window=window,
             scale=cfg.gemma.query_pre_attn_scalar**-0.5,
+            num_kv_heads=cfg.kv_shape(layer)[0],
+            head_dim=cfg.kv_shape(layer)[1],
             **self.attention_kind(cfg, layer, window),
         )
         for qk_norm in (self.self_attn.q_norm, self.self_attn.k_norm):
@@ -138,11 +140,13 @@ class Gemma3ForCausalLM(DecoderLM):
         assert cfg.gemma is not None
         self.config = cfg
         self.tp = tp
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions)
+        windows = cfg.layer_windows or (None,) * cfg.num_layers
+        # the global layers' head size (Gemma 4's global_head_dim), which their RoPE spans
+        size = next((cfg.kv_shape(i)[1] for i, w in enumerate(windows) if w is None), None)
+        self.rotary = RotaryEmbedding(cfg.rope, size or cfg.head_dim, max_positions)
         local = RopeConfig(theta=cfg.gemma.local_rope_theta)  # default RoPE, its own base
         self.local_rotary = RotaryEmbedding(local, cfg.head_dim, max_positions)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        windows = cfg.layer_windows or (None,) * cfg.num_layers
         self.layers = nn.ModuleList(
             self.decoder_layer(
                 cfg,
@@ -158,19 +162,6 @@ class Gemma3ForCausalLM(DecoderLM):
         norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm = gemma_norm(norm) if self.decoder_layer.PLUS_ONE_NORMS else norm
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
-
-    def forward(
-        self,
-        input_ids,
-        positions,
-        kv_caches: list[KVCache],
-        meta: StepMetadata,
-        out_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        hidden, residual = self.run_layers(
-            self.embed(input_ids), positions, kv_caches, meta, out_rows
-        )
-        return residual + hidden
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The tokens' embeddings, scaled by ``sqrt(hidden_size)``."""

@@ -112,6 +112,7 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
         assert cfg.gemma is not None
         self.per_layer_input_size = size = cfg.gemma.per_layer_input_size
         if size:
+            self.layers_after_embed = False  # the layers take per-layer inputs too
             width = cfg.num_layers * size
             self.embed_tokens_per_layer = VocabParallelEmbedding(
                 cfg.gemma.per_layer_vocab_size, width, tp

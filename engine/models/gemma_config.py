@@ -95,10 +95,9 @@ GEMMA4_REFUSED = {
 
 def refuse_gemma4_features(raw: dict) -> None:
     """A ValueError naming the first field of ``raw`` that turns on a Gemma 4 feature not
-    served (``GEMMA4_REFUSED``; bidirectional attention over every token), or that gives a
-    layer another head size or kv head count than ``head_dim`` and ``num_key_value_heads``
-    (every layer of a KV page has one shape). ``use_bidirectional_attention: vision``
-    concerns image tokens alone, which text-only serving never has."""
+    served (``GEMMA4_REFUSED``; bidirectional attention over every token).
+    ``use_bidirectional_attention: vision`` concerns image tokens alone, which text-only
+    serving never has."""
     for field, (default, feature) in GEMMA4_REFUSED.items():
         if value := raw.get(field, default):
             raise ValueError(f"{field}={value!r} is not supported (Gemma 4 {feature})")
@@ -107,22 +106,30 @@ def refuse_gemma4_features(raw: dict) -> None:
             f"use_bidirectional_attention={value!r} is not supported (Gemma 4 bidirectional "
             "attention; 'vision', for image tokens only, is served for text)"
         )
-    head_dim, kv_heads = raw.get("head_dim", 256), raw.get("num_key_value_heads", 4)
+
+
+def gemma4_kv_shapes(raw: dict, kv_heads: int, head_dim: int) -> tuple[tuple[int, int], ...]:
+    """Each layer's (kv heads, head size) as transformers' Gemma 4 derives them (the
+    sliding layers' ``kv_heads`` and ``head_dim``):
+    ``per_layer_config``'s overrides, or by default the global layers' head size
+    ``global_head_dim`` (512) and, with ``attention_k_eq_v``, their kv heads
+    ``num_global_key_value_heads``."""
     if "per_layer_config" in raw:
-        overrides = {f"per_layer_config[{i}]": c for i, c in raw["per_layer_config"].items()}
-    else:  # transformers' default: the global layers' head size is global_head_dim (512)
-        overrides = {"global_head_dim": {"head_dim": raw.get("global_head_dim", 512)}}
+        overrides = {int(i): c for i, c in raw["per_layer_config"].items()}
+    else:
+        layer: dict = {"head_dim": raw.get("global_head_dim", 512)}
         global_kv_heads = raw.get("num_global_key_value_heads")
         if global_kv_heads is not None and raw.get("attention_k_eq_v", False):
-            overrides["num_global_key_value_heads"] = {"num_key_value_heads": global_kv_heads}
-    for field, layer in overrides.items():
-        shape = (layer.get("head_dim", head_dim), layer.get("num_key_value_heads", kv_heads))
-        if shape != (head_dim, kv_heads):
-            raise ValueError(
-                f"Gemma 4 layers of another head size or kv head count ({field}: {layer}) than "
-                f"head_dim={head_dim}, num_key_value_heads={kv_heads} are not supported (one "
-                "KV page size for every layer)"
-            )
+            layer["num_key_value_heads"] = global_kv_heads
+        full = [i for i, kind in enumerate(raw["layer_types"]) if kind == "full_attention"]
+        overrides = dict.fromkeys(full, layer)
+    return tuple(
+        (
+            overrides.get(i, {}).get("num_key_value_heads", kv_heads),
+            overrides.get(i, {}).get("head_dim", head_dim),
+        )
+        for i in range(raw["num_hidden_layers"])
+    )
 
 
 def kv_owners(raw: dict) -> tuple[int, ...]:
