@@ -17,12 +17,14 @@ STATE = -1
 """A linear-attention layer's entry of a layout: its state slot, not a KV group."""
 
 
-def step_metas(meta: StepMetadata, layout: Sequence[int]) -> dict[int, AttentionMetadata]:
+def step_metas(
+    meta: StepMetadata, layout: Sequence[int]
+) -> dict[int, AttentionMetadata | StateMetadata]:
     """Each KV group's ``AttentionMetadata`` of a step's ``meta`` (a layout's ``STATE``
     entry: its ``StateMetadata``), as ``ModelRunner.prepare`` lays them out per layer."""
     if not isinstance(meta, list):
         return {0: meta}
-    return {group: meta[layer] for layer, group in enumerate(layout)}  # type: ignore[misc]
+    return {group: meta[layer] for layer, group in enumerate(layout)}
 
 
 class StaticDecodeBatch:
