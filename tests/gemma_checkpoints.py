@@ -74,6 +74,9 @@ KEYS_AS_VALUES = dict(KV_SHARED, global_head_dim=32, num_global_key_value_heads=
 """KV sharing with global layers of one kv head of 32: as many elements as a sliding layer
 (2 x 16), in another shape."""
 
+EXPERTS = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=48)
+"""Gemma 4's MoE variant: 4 GeGLU experts, 2 a token, beside each layer's dense MLP."""
+
 PER_LAYER_INPUTS = dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=512)
 """Gemma 4's per-layer input embeddings, 8 wide, a table row for every token."""
 
@@ -139,10 +142,11 @@ def build_gemma4_any_to_text(path: Path, seed: int = 0) -> Path:
 
 
 def draw_norms(path: Path, seed: int, around: float) -> None:
-    """Each norm weight and layer scalar: ``around`` (its init) plus noise of scale 0.3."""
+    """Each norm weight, layer scalar and Gemma 4 router scale: ``around`` (its init) plus
+    noise of scale 0.3."""
     weights = load_file(path / "model.safetensors")
     generator = torch.Generator().manual_seed(seed)
     for name, tensor in weights.items():
-        if name.endswith(("norm.weight", "layer_scalar")):
+        if name.endswith(("norm.weight", "layer_scalar", "router.scale", "per_expert_scale")):
             weights[name] = around + torch.randn(tensor.shape, generator=generator) * 0.3
     save_file(weights, path / "model.safetensors", {"format": "pt"})

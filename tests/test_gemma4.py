@@ -16,6 +16,7 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models.model_config import ModelConfig, RopeConfig
 
 from gemma_checkpoints import (
+    EXPERTS,
     GLOBAL_HEAD,
     KEYS_AS_VALUES,
     KV_SHARED,
@@ -142,6 +143,19 @@ def test_global_layers_of_another_head_shape_share_pages_of_equal_bytes(tmp_path
     assert keys[1].is_contiguous() == (fields == "keys-as-values")
 
 
+def test_experts_beside_the_dense_mlp_match_transformers(tmp_path):
+    """enable_moe_block: each layer routes its stream to 2 of 4 GeGLU experts (router and
+    per-expert scales drawn away from 1) beside its dense MLP."""
+    path = build_gemma4(tmp_path / "moe", seed=6, **EXPERTS)
+    cfg = ModelConfig.from_dir(path)
+    assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.top_k) == (4, 2)
+    for scenario, settings in SCENARIOS.items():
+        prompts = make_prompts(seed=58, shared_prefixes=scenario != "default-settings")
+        engine = greedy_matches(path, settings, prompts)
+    layer = engine.runner.model.layers[0]
+    assert (layer.experts.activation, layer.experts.layout) == ("gelu_tanh", "gate_up")
+
+
 def test_prompts_of_1_to_200_tokens_match_transformers_in_chunks_that_split_windows(gemma4):
     rng = random.Random(53)
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 2, 9, 77, 200)]
@@ -176,10 +190,6 @@ def test_the_config_reads_gemma4s_layers_and_ropes(gemma4):
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        (
-            dict(enable_moe_block=True),
-            r"^enable_moe_block=True is not supported \(Gemma 4 mixture-of-experts blocks\)$",
-        ),
         (
             dict(use_bidirectional_attention="all"),
             r"^use_bidirectional_attention='all' is not supported \(Gemma 4 bidirectional "

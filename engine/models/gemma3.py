@@ -14,9 +14,9 @@ import re
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from kvserve.engine.layers.activation import gelu_tanh_and_mul
 from kvserve.engine.layers.attention.backend import AttentionBackend
 from kvserve.engine.layers.attention.layer import KVCache
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
@@ -45,8 +45,7 @@ class GeGLU(MLP):
     """The dense MLP with ``gelu_tanh(gate) * up``."""
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(gelu_tanh_and_mul(self.gate_up_proj(x)))
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -122,8 +121,11 @@ class Gemma3DecoderLayer(nn.Module):
         if out_rows is not None:
             stream = stream[out_rows]
         stream = stream + self.post_attention_layernorm(attended)
-        mlp = self.mlp(self.pre_feedforward_layernorm(stream))
-        return self.post_feedforward_layernorm(mlp), stream
+        return self.post_feedforward_layernorm(self.feed_forward(stream)), stream
+
+    def feed_forward(self, stream: torch.Tensor) -> torch.Tensor:
+        """The MLP's output of the residual ``stream``, before the post-feedforward norm."""
+        return self.mlp(self.pre_feedforward_layernorm(stream))
 
 
 class Gemma3ForCausalLM(DecoderLM):

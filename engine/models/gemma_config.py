@@ -86,21 +86,10 @@ def language_model_config(raw: dict) -> dict:
     return text
 
 
-GEMMA4_REFUSED = {
-    # config field: (transformers' default, what it turns on)
-    "enable_moe_block": (False, "mixture-of-experts blocks"),
-}
-"""The Gemma 4 features not served: a config that turns one on is refused, naming it."""
-
-
 def refuse_gemma4_features(raw: dict) -> None:
-    """A ValueError naming the first field of ``raw`` that turns on a Gemma 4 feature not
-    served (``GEMMA4_REFUSED``; bidirectional attention over every token).
-    ``use_bidirectional_attention: vision`` concerns image tokens alone, which text-only
+    """A ValueError naming ``use_bidirectional_attention`` where it turns on bidirectional
+    attention over every token; ``vision`` concerns image tokens alone, which text-only
     serving never has."""
-    for field, (default, feature) in GEMMA4_REFUSED.items():
-        if value := raw.get(field, default):
-            raise ValueError(f"{field}={value!r} is not supported (Gemma 4 {feature})")
     if (value := raw.get("use_bidirectional_attention")) not in (None, "vision"):
         raise ValueError(
             f"use_bidirectional_attention={value!r} is not supported (Gemma 4 bidirectional "
