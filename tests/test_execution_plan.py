@@ -104,6 +104,12 @@ def test_the_checkpoint_and_the_device_decide_what_auto_means(checkpoint):
     plan = plan_execution(EngineConfig(model=path, device="cpu"), windowed)
     assert plan.max_model_len == half.max_position_embeddings
     assert [(g.kind, g.window) for g in plan.kv_groups] == [("sliding_attention", 64)]
+    # two KV groups: each has static buffers of its own in a captured or recorded step
+    hybrid = dataclasses.replace(half, layer_windows=(64, None))
+    on_cuda = plan_execution(EngineConfig(model=path, device="cuda"), hybrid)
+    on_cpu = plan_execution(EngineConfig(model=path, device="cpu"), hybrid, AVX512_BF16)
+    assert len(on_cuda.kv_groups) == 2 and on_cuda.cuda_graphs
+    assert on_cpu.cpu_graphs == cpu_library.available()
 
 
 def test_a_model_sharded_over_several_ranks_runs_every_step_eagerly(checkpoint, monkeypatch):
