@@ -127,7 +127,9 @@ class ExecutionPlan:
         for group in self.kv_groups:
             name = group.kind if group.window is None else f"{group.kind} {group.window}"
             kinds[name] = kinds.get(name, 0) + 1
-        size = group_size(self.kv_groups)
+        size = f"{group_size(self.kv_groups)}"
+        if len({len(group.layers) for group in self.kv_groups}) > 1:  # a shorter last group,
+            size = f"up to {size}"  # or more layers of a smaller shape
         listed = ", ".join(f"{count} {name}" for name, count in kinds.items())
         return (
             f" shared by {len(self.kv_groups)} groups of {size} layers ({listed}); a request "

@@ -38,7 +38,7 @@ class LayerKind:
 @dataclass(frozen=True)
 class KVGroup:
     """Attention layers that share one block table per request: ``layers[i]`` keeps its keys
-    and values in the ``i``-th KV tensor pair of the cache, at the table's block ids.
+    and values in the ``i``-th slice of the pages at the table's block ids.
 
     Block id ``b`` is one page of every group's layers: the cache is a page of keys and one
     of values per block id, shared by all the groups, and one pool of block ids serves them
