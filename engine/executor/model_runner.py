@@ -6,7 +6,7 @@ head). With one rank, ``execute`` is both, exactly the path of an engine without
 """
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,13 +16,14 @@ import torch.distributed as dist
 
 from kvserve.engine import host_allocator
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.core.kv_groups import group_size, held_pages
 from kvserve.engine.core.request import Request
 from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan
+from kvserve.engine.executor.kv_pages import layer_caches
 from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
 from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
+from kvserve.engine.graphs.static_batch import STATE
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.linear_attention.metadata import StateMetadata
 from kvserve.engine.layers.pipeline_parallel import PipelineParallel
@@ -107,31 +108,16 @@ class ModelRunner:
                 plan = dataclasses.replace(plan, num_kv_blocks=self._fewest(plan))
             self.plan = plan
             assert plan.num_kv_blocks is not None
-            shape = (
+            self.kv_caches, self.layer_groups = layer_caches(
+                model_config,
+                plan.kv_groups,
                 plan.num_kv_blocks,
                 plan.block_size,
-                tp.kv_heads(model_config.num_kv_heads),
-                model_config.head_dim,
+                plan.kv_cache_dtype,
+                device,
+                tp,
+                pp.layers(model_config.num_layers) if pp.size > 1 else None,
             )
-            kv_dtype = plan.kv_cache_dtype
-            # a pipeline stage holds the pages of its own layers alone
-            held: Sequence[int] = range(group_size(plan.kv_groups))
-            if pp.size > 1:
-                held = held_pages(plan.kv_groups, pp.layers(model_config.num_layers))
-            none = torch.empty(0, dtype=kv_dtype, device=device)
-            pages = [(none, none)] * group_size(plan.kv_groups)
-            for position in held:
-                pages[position] = (
-                    torch.zeros(shape, dtype=kv_dtype, device=device),
-                    torch.zeros(shape, dtype=kv_dtype, device=device),
-                )
-            # a group's i-th layer keeps its keys and values in the i-th tensor pair
-            self.kv_caches = [pages[0]] * model_config.num_layers
-            self.layer_groups = [0] * model_config.num_layers
-            for index, group in enumerate(plan.kv_groups):
-                for position, layer in enumerate(group.layers):
-                    self.kv_caches[layer] = pages[position]
-                    self.layer_groups[layer] = index
             self.linear_layers = model_config.linear_layers
             if plan.num_state_slots:
                 assert model_config.gated_delta_net is not None
@@ -142,16 +128,31 @@ class ModelRunner:
             host_allocator.keep_step_memory()
         self.forward: Callable[..., torch.Tensor] = self.model
         with self.startup.measure("warmup", device):
+            layout = self._static_layout()
             if plan.cuda_graphs:
                 sizes = capture_sizes(config.max_num_seqs)
                 self.forward = DecodeGraphs(
-                    self.model, self.kv_caches, sizes, plan.max_blocks_per_seq, device
+                    self.model, self.kv_caches, sizes, plan.max_blocks_per_seq, device, layout
                 )
             elif plan.cpu_graphs:
                 self.forward = CPUDecodeGraphs(
-                    self.model, self.kv_caches, config.max_num_seqs, plan.max_blocks_per_seq
+                    self.model,
+                    self.kv_caches,
+                    config.max_num_seqs,
+                    plan.max_blocks_per_seq,
+                    layout=layout,
                 )
             self._warm_up()
+
+    def _static_layout(self) -> list[int]:
+        """Each layer's KV group or ``STATE``, as ``prepare`` lays out a step's metadata (empty
+        where it is one ``AttentionMetadata`` for every layer)."""
+        if len(self.plan.kv_groups) == 1 and not self.linear_layers:
+            return []
+        layout = list(self.layer_groups)
+        for layer in self.linear_layers:
+            layout[layer] = STATE
+        return layout
 
     def _fewest(self, plan: ExecutionPlan) -> int:
         """The fewest KV blocks any rank measured room for."""

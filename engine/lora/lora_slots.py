@@ -45,13 +45,10 @@ class LoRASlots:
             attn = layer.self_attn
             qkv = attn.qkv_proj
             kv_source = qkv.kv_head_start * qkv.head_dim
-            wrapped = self._wrap(
-                index,
-                qkv,
-                [("q_proj", tp.rank * qkv.q_size), ("k_proj", kv_source), ("v_proj", kv_source)],
-                [qkv.q_size, qkv.kv_size, qkv.kv_size],
-                max_rank,
-            )
+            parts = [("q_proj", tp.rank * qkv.q_size), ("k_proj", kv_source), ("v_proj", kv_source)]
+            sizes = [qkv.q_size, qkv.kv_size, qkv.kv_size]
+            count = len(qkv.parts)  # the projections it has: q, k and v, q and k, or q
+            wrapped = self._wrap(index, qkv, parts[:count], sizes[:count], max_rank)
             setattr(attn, "qkv_proj", wrapped)  # noqa: B010 - nn.Module registers it
             o_proj = cast(LinearBase, attn.o_proj)
             wrapped = self._wrap(index, o_proj, [("o_proj", 0)], [o_proj.out_features], max_rank)

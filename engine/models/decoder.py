@@ -31,7 +31,7 @@ from kvserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEm
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.quantization.linear_methods import linear_method
 
-__all__ = ["DecoderLM", "KVCache", "MissingLayer", "StepMetadata", "Switches"]
+__all__ = ["DecoderLM", "KVCache", "MissingLayer", "StepMetadata", "Switches", "build_attention"]
 
 StepMetadata = AttentionMetadata | list[AttentionMetadata | StateMetadata]
 """A step's layout for the layers: one ``AttentionMetadata`` for every layer, or each
@@ -98,6 +98,39 @@ class MLP(nn.Module):
         return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
 
 
+def build_attention(
+    cfg: ModelConfig,
+    switches: Switches,
+    rotary: RotaryEmbedding,
+    backend: AttentionBackend,
+    tp: TensorParallel,
+    prefix: str,
+    **kind: Any,
+) -> Attention:
+    """The attention of layer ``prefix`` (``model.layers.3``): ``cfg``'s hidden size, heads,
+    kv heads and head size, the biases and q/k norms ``switches`` turn on (the norms'
+    epsilon ``rms_norm_eps``), and the q/k/v and o weight methods the checkpoint's
+    quantization gives ``{prefix}.self_attn``; ``kind``: ``Attention``'s other keywords
+    (window, sinks, soft-cap, scale, v norm, output gate), which may also override
+    ``head_dim`` and ``num_kv_heads`` for this layer."""
+    attn, quant = f"{prefix}.self_attn", cfg.quantization
+    return Attention(
+        cfg.hidden_size,
+        cfg.num_heads,
+        kind.pop("num_kv_heads", cfg.num_kv_heads),
+        kind.pop("head_dim", cfg.head_dim),
+        qkv_bias=switches.qkv_bias,
+        o_bias=switches.o_bias,
+        qk_norm_eps=cfg.rms_norm_eps if switches.qk_norm else None,
+        rotary=rotary,
+        backend=backend,
+        tp=tp,
+        qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
+        o_method=linear_method(quant, [f"{attn}.o_proj"]),
+        **kind,
+    )
+
+
 class DecoderLayer(nn.Module):
     def __init__(
         self,
@@ -115,21 +148,8 @@ class DecoderLayer(nn.Module):
         set this layer's apart (``DecoderLM.attention_kind``)."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        attn, quant = f"{prefix}.self_attn", cfg.quantization
-        self.self_attn = Attention(
-            cfg.hidden_size,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            qkv_bias=switches.qkv_bias,
-            o_bias=switches.o_bias,
-            qk_norm_eps=cfg.rms_norm_eps if switches.qk_norm else None,
-            rotary=rotary,
-            backend=backend,
-            tp=tp,
-            qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
-            o_method=linear_method(quant, [f"{attn}.o_proj"]),
-            **attention_kind,
+        self.self_attn = build_attention(
+            cfg, switches, rotary, backend, tp, prefix, **attention_kind
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp
@@ -168,6 +188,11 @@ class DecoderLM(nn.Module):
 
     stage: range | None = None
     """The layers this model runs (None: all)."""
+
+    layers_after_embed = True
+    """``forward`` is ``embed`` then ``run_layers``, as a recorded CPU decode step runs them
+    (``graphs/cpu_graphs.py``); a model whose layers take more than the embedding sets it
+    False and decodes eagerly on a CPU."""
 
     @classmethod
     def switches(cls, cfg: ModelConfig) -> Switches:
@@ -235,9 +260,13 @@ class DecoderLM(nn.Module):
         output projection and the MLP run on rows ``out_rows`` alone. In a prefill step
         that is one row per prompt: 6 % of the 134M model's matmul work skipped."""
         hidden, residual = self.run_layers(
-            self.embed_tokens(input_ids), positions, kv_caches, meta, out_rows
+            self.embed(input_ids), positions, kv_caches, meta, out_rows
         )
         return residual + hidden
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' input to the first layer: their embeddings."""
+        return self.embed_tokens(input_ids)
 
     def run_layers(
         self,
