@@ -190,7 +190,7 @@ def install_operator(ctx: Context) -> str:
         ("patch", "llmdeployments.kvserve.io", "--subresource=status"): "yes",
         ("patch", "deployments.apps"): "yes",
         ("create", "events"): "yes",
-        ("get", "secrets"): "no",
+        ("get", "secrets"): "yes",  # apiKeySecret's key, sent on the adapter calls
         ("create", "pods"): "no",
         ("delete", "deployments.apps"): "yes",  # replaced by a LeaderWorkerSet
     }
