@@ -42,7 +42,8 @@ class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: StepMetadata
-    logits_indices: torch.Tensor  # rows whose logits are sampled, one per sampling request
+    logits_indices: torch.Tensor  # rows whose logits are sampled: each sampling request's
+    # last one, and one per draft token it verifies
     every_row: bool  # logits_indices are all the rows, in order (as in a decode-only step)
     lora_rows: np.ndarray | None = None  # each row's LoRA slot (-1: base model); None: none
     lora_fills: list[tuple[int, LoRAAdapter]] = dataclasses.field(default_factory=list)
@@ -172,7 +173,7 @@ class ModelRunner:
         tables = np.zeros((num_groups, len(out.scheduled), width), dtype=np.int32)
         for row, (request, num_new) in enumerate(out.scheduled):
             start = request.num_computed_tokens
-            ids.extend(request.all_token_ids[start : start + num_new])
+            ids.extend(out.input_token_ids(request, num_new))
             pos = np.arange(start, start + num_new)
             positions.append(pos)
             for group, block_ids in enumerate(request.block_tables):
@@ -187,7 +188,12 @@ class ModelRunner:
             id(r): end - n - r.num_computed_tokens
             for (r, n), end in zip(out.scheduled, ends, strict=True)
         }
-        sampling = [offset[id(r)] + r.num_tokens - 1 for r in out.sampling_requests]
+        # a sampling request's rows: its last token's, then each of its drafts'
+        sampling = [
+            offset[id(r)] + r.num_tokens - 1 + j
+            for r in out.sampling_requests
+            for j in range(1 + out.num_drafts(r))
+        ]
         logits_rows = [np.asarray(sampling, dtype=np.int64)]
         for request, span in out.prompt_logprob_spans:
             logits_rows.append(np.arange(span.start, span.stop) + offset[id(request)])
