@@ -164,6 +164,7 @@ class Scheduler:
                     break
             else:
                 out.add(request, num_new, drafts)
+                request.spec_token_ids = []  # verified this step; the proposer guesses anew
                 budget -= num_new
                 index += 1
         # A request whose grammar is still compiling keeps its place; the others pass it.
