@@ -100,6 +100,7 @@ class LLMEngine:
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
             self.speculator = Speculator(config.speculative_config, self.max_model_len)
+            self.scheduler.stats.spec_decoding = self.speculator.stats
         self.grammars = GrammarCompiler(
             self.tokenizer, self.model_config.vocab_size, tuple(sorted(self.eos_token_ids))
         )

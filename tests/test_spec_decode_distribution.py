@@ -4,11 +4,11 @@ drafted positions) against the exact marginals transformers computes (float32), 
 chi-square test."""
 
 import torch
-from checkpoints import build_checkpoint
 
 from kvserve import SamplingParams
 from kvserve.engine.llm import LLM
 
+from checkpoints import build_checkpoint
 from reference import hf_model
 
 VOCAB = 8

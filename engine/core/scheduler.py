@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from kvserve.engine.core.kv_cache_manager import KVCacheManager
 from kvserve.engine.core.request import Request, RequestStatus
+from kvserve.engine.spec_decode.stats import SpecDecodeStats
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,8 @@ class SchedulerStats:
     # With LoRA on: the adapters of the running and of the waiting requests, sorted.
     running_lora_adapters: tuple[str, ...] = ()
     waiting_lora_adapters: tuple[str, ...] = ()
+    # With speculative decoding on: the engine's counts of drafts (cumulative).
+    spec_decoding: SpecDecodeStats | None = None
 
 
 class Scheduler:
