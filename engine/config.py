@@ -143,6 +143,12 @@ class EngineConfig:
         if isinstance(self.speculative_config, dict):
             spec = SpeculativeConfig.from_dict(self.speculative_config)
             object.__setattr__(self, "speculative_config", spec)
+        spec = self.speculative_config
+        if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size != 1:
+            raise ValueError(
+                "speculative_config.method draft_model runs with tensor_parallel_size 1, not "
+                f"{self.tensor_parallel_size}"
+            )
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")

@@ -30,6 +30,7 @@ from kvserve.engine.layers.attention.fp8_kv import FP8, kv_cache_dtype
 from kvserve.engine.layers.cpu_linear.packed_linear import can_pack
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
+from kvserve.engine.spec_decode.draft_kv import draft_kv_block_bytes
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ def plan_execution(
     kv_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype, device, backend)
     groups = kv_groups(layer_kinds(model_config))
     block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype, group_size(groups))
+    block_bytes += draft_kv_block_bytes(config, config.block_size, kv_dtype)
     held = sum(
         g.max_blocks(max_model_len, config.block_size, config.max_num_batched_tokens)
         for g in groups

@@ -19,6 +19,7 @@ from kvserve.engine.core.scheduler import (
 )
 from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
 from kvserve.engine.executor import ExecutorFailedError, build_executor
+from kvserve.engine.executor.model_runner import ModelRunner
 from kvserve.engine.input_processor import InputProcessor
 from kvserve.engine.kv_events import KVEventLog
 from kvserve.engine.kv_events_publisher import ZmqEventPublisher
@@ -99,7 +100,10 @@ class LLMEngine:
         self.sampler = Sampler(self.eos_token_ids)
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
-            self.speculator = Speculator(config.speculative_config, self.max_model_len)
+            draft = self.runner.draft if isinstance(self.runner, ModelRunner) else None
+            self.speculator = Speculator(
+                config.speculative_config, self.max_model_len, self.kv, draft
+            )
             self.scheduler.stats.spec_decoding = self.speculator.stats
         self.grammars = GrammarCompiler(
             self.tokenizer, self.model_config.vocab_size, tuple(sorted(self.eos_token_ids))

@@ -230,12 +230,13 @@ class Scheduler:
 
     def advance(self, out: SchedulerOutput, num_rejected: Mapping[str, int] | None = None) -> None:
         """Advance each scheduled request by its tokens, less its rejected drafts
-        (``num_rejected``, by request id), whose blocks go back to the pool; index the
-        computed blocks; free the finished requests."""
+        (``num_rejected``, by request id); the blocks past its computed tokens (those of
+        rejected drafts, or a draft model's beyond the drafts scheduled) go back to the pool;
+        index the computed blocks; free the finished requests."""
         for request, num_new in out.scheduled:
             rejected = num_rejected.get(request.request_id, 0) if num_rejected else 0
             request.num_computed_tokens += num_new - rejected
-            if rejected and not request.is_finished:
+            if not request.is_finished:
                 self.kv.free_past_computed(request)
             self.kv.cache_computed_blocks(request)
             if request.is_finished:

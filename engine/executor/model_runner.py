@@ -31,6 +31,8 @@ from kvserve.engine.models.decoder import StepMetadata
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.spec_decode.draft_kv import draft_config
+from kvserve.engine.spec_decode.draft_model import DraftModel
 from kvserve.engine.startup import StartupPhases
 
 
@@ -123,6 +125,10 @@ class ModelRunner:
                 spec = model_config.gated_delta_net.state_spec(tp.size, dtype)
                 for layer in self.linear_layers:
                     self.kv_caches[layer] = spec.allocate(plan.num_state_slots, device)
+        self.draft: DraftModel | None = None
+        if draft_config(config) is not None:
+            with self.startup.measure("load", device):
+                self.draft = DraftModel(config, model_config, plan)
         if device.type == "cpu":
             host_allocator.keep_step_memory()
         self.forward: Callable[..., torch.Tensor] = self.model
@@ -294,6 +300,12 @@ class ModelRunner:
                 self.lora.load(slot, adapter)
             self.lora.set_rows(inputs.lora_rows)
             hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-            return self.model.logits(hidden if rows is None else hidden[rows])
-        hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, rows)
-        return self.model.logits(hidden)
+            logits = self.model.logits(hidden if rows is None else hidden[rows])
+        else:
+            hidden = self.forward(
+                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, rows
+            )
+            logits = self.model.logits(hidden)
+        if self.draft is not None:  # the draft's KV for the same tokens (speculative decoding)
+            self.draft.forward_step(inputs.input_ids, inputs.positions, inputs.meta)
+        return logits

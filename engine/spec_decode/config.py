@@ -4,9 +4,9 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 """Proposers kvserve runs."""
-VLLM_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
+VLLM_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
 """vLLM's other methods: named in the error that refuses them."""
 DEFAULT_PROMPT_LOOKUP = 5
 """``prompt_lookup_min`` and ``prompt_lookup_max`` when neither is given (vLLM's)."""
@@ -17,8 +17,8 @@ class SpeculativeConfig:
     """``method`` ``ngram`` proposes, for a request, the ``num_speculative_tokens`` tokens
     that followed the latest earlier occurrence of its last n tokens (prompt and output), n
     from ``prompt_lookup_max`` down to ``prompt_lookup_min``; one given alone sets the other,
-    neither gives both 5 (vLLM's rule). ``model`` names a draft checkpoint, which no method
-    kvserve runs uses yet."""
+    neither gives both 5 (vLLM's rule). ``draft_model`` decodes them greedily with ``model``,
+    a smaller checkpoint of the same tokenizer (``draft_model.DraftModel``)."""
 
     method: str
     num_speculative_tokens: int
@@ -39,6 +39,13 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config.{name} must be an integer, got {value!r}")
             if value is not None and value < 1:
                 raise ValueError(f"speculative_config.{name} must be >= 1, got {value}")
+        if self.method == "draft_model":
+            if self.model is None:
+                raise ValueError("speculative_config.model is required for method draft_model")
+            for name in ("prompt_lookup_min", "prompt_lookup_max"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"speculative_config.{name} is for method ngram")
+            return
         if self.model is not None:
             raise ValueError(
                 f"speculative_config.model is for a draft model; method {self.method!r} takes none"

@@ -3,6 +3,7 @@
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from kvserve.engine.core.request import Request
 from kvserve.engine.spec_decode.config import SpeculativeConfig
 
 
@@ -18,7 +19,12 @@ class NgramProposer:
         self.max_n = config.prompt_lookup_max
         self.k = config.num_speculative_tokens
 
-    def propose(self, token_ids: list[int], limit: int) -> list[int]:
+    def propose(self, requests: list[Request], limits: list[int]) -> list[list[int]]:
+        return [
+            self.lookup(r.all_token_ids, limit) for r, limit in zip(requests, limits, strict=True)
+        ]
+
+    def lookup(self, token_ids: list[int], limit: int) -> list[int]:
         k = min(self.k, limit)
         if k <= 0 or len(token_ids) <= self.min_n:
             return []
