@@ -141,3 +141,53 @@ def test_an_aborted_request_says_nothing_more(llms):
     while engine.has_unfinished_requests():
         assert all(o.request_id == "b" for o in engine.step())
     assert_all_released(engine)
+
+
+def test_two_ranks_verify_drafts_as_one(checkpoint, llms):
+    """Tensor parallelism: the verification step's inputs go to both ranks like any step's."""
+    plain, _ = llms
+    tp2 = LLM(
+        str(checkpoint("llama")),
+        dtype="float32",
+        num_kv_blocks=128,
+        block_size=4,
+        tensor_parallel_size=2,
+        speculative_config=NGRAM,
+    )
+    try:
+        for p in (
+            SamplingParams(max_tokens=32, temperature=0, ignore_eos=True),
+            SamplingParams(max_tokens=32, temperature=0.5, seed=4, ignore_eos=True),
+        ):
+            expected = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, p)]
+            assert [o.outputs[0].token_ids for o in tp2.generate(PROMPTS, p)] == expected
+        assert tp2.engine.speculator.stats.num_accepted_tokens > 0
+    finally:
+        tp2.engine.shutdown()
+
+
+def test_prompt_logprobs_share_a_step_with_drafts(llms):
+    """A prompt's logprob rows come after the drafts' rows of the requests decoding beside it."""
+    plain, spec = llms
+    greedy = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    scored = greedy.replace(prompt_logprobs=2, max_tokens=4)
+    engine = spec.engine
+    engine.add_request("a", PROMPTS[0], greedy)
+    seen: dict[str, list] = {"a": [], "b": []}
+    while engine.has_unfinished_requests():
+        shared = (
+            "b" not in engine.requests and not seen["b"] and engine.requests["a"].spec_token_ids
+        )
+        if shared:  # b's prompt is computed in the step that verifies a's drafts
+            engine.add_request("b", PROMPTS[3], scored)
+        before = engine.speculator.stats.num_drafts
+        for out in engine.step():
+            seen[out.request_id].append(out)
+        assert not shared or engine.speculator.stats.num_drafts == before + 1
+    assert_all_released(engine)
+    a, b = plain.generate([PROMPTS[0], PROMPTS[3]], [greedy, scored])
+    assert [t for o in seen["a"] for t in o.outputs[0].token_ids] == a.outputs[0].token_ids
+    assert [t for o in seen["b"] for t in o.outputs[0].token_ids] == b.outputs[0].token_ids
+    got = seen["b"][0].prompt_logprobs
+    assert got[0] is None and b.prompt_logprobs[0] is None
+    assert_logprobs_close(got[1:], b.prompt_logprobs[1:])
