@@ -1,4 +1,5 @@
-"""``kvserve serve --speculative-config``: vLLM's ``spec_decode`` counters on /metrics, with
+"""``kvserve serve --speculative-config``: streamed completions identical to the engine's,
+accepted drafts several tokens to a chunk; vLLM's ``spec_decode`` counters on /metrics, with
 exactly the counts of an engine that ran the same requests one at a time; a bad config
 stops the CLI with a message naming the key."""
 
@@ -26,10 +27,20 @@ def test_spec_decode_counters_on_metrics(checkpoint, tmp_path):
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     spec = ("--speculative-config", json.dumps(NGRAM))
     with ServerProcess(path, *flags, *spec, log=tmp_path / "server.log") as server:
+        chunks = 0
         for prompt, text in zip(PROMPTS, expected, strict=True):
             body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0}
-            reply = server.post("/v1/completions", body | {"ignore_eos": True})
-            assert reply["choices"][0]["text"] == text
+            body |= {"ignore_eos": True, "stream": True}
+            status, _, raw = server.send(
+                "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+            )
+            assert status == 200
+            events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]"
+            pieces = [json.loads(e)["choices"][0]["text"] for e in events[:-1]]
+            assert "".join(pieces) == text
+            chunks += len(pieces)
+        assert chunks < 3 * 24  # accepted drafts come out several tokens to a chunk
         assert server.metric("vllm:spec_decode_num_drafts_total") == stats.num_drafts
         assert server.metric("vllm:spec_decode_num_draft_tokens_total") == stats.num_draft_tokens
         accepted = server.metric("vllm:spec_decode_num_accepted_tokens_total")

@@ -289,10 +289,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Run a prepared step on this rank; fp32 logits ``[len(out.sampling_requests),
-        vocab]``, followed by the rows of ``out.prompt_logprob_spans`` in order (every rank
-        gets all of them: the LM head gathers them). Only those rows go through the last
-        layer's output projection and MLP (see ``DecoderLM.forward``)."""
+        """Run a prepared step on this rank; fp32 logits: a row per sampling request (and
+        one per draft token it verifies, after it), followed by the rows of
+        ``out.prompt_logprob_spans`` in order (every rank gets all of them: the LM head
+        gathers them). Only those rows go through the last layer's output projection and
+        MLP (see ``DecoderLM.forward``). With a draft model, it computes its KV for the same
+        tokens too."""
         rows = None if inputs.every_row else inputs.logits_indices
         if self.lora is not None:
             # the LoRA layers' row groups span the whole batch: every row runs every layer
