@@ -1,8 +1,9 @@
-"""Sampling with n-gram drafts leaves the output distribution the target model's: on a model
-of 8 tokens, 4000 seeded samples of the 2nd and 3rd output tokens (the first and second
-drafted positions) against the exact marginals transformers computes (float32), by a
-chi-square test."""
+"""Sampling with drafts (n-gram, or a draft model's greedy ones) leaves the output
+distribution the target model's: on a model of 8 tokens, 4000 seeded samples of the 2nd and
+3rd output tokens (the first and second drafted positions) against the exact marginals
+transformers computes (float32), by a chi-square test."""
 
+import pytest
 import torch
 
 from kvserve import SamplingParams
@@ -42,16 +43,18 @@ def chi_square(tokens: list[int], expected: torch.Tensor) -> float:
     return float(((counts - wanted) ** 2 / wanted).sum())
 
 
-def test_drafted_positions_follow_the_target_distribution(tmp_path):
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_drafted_positions_follow_the_target_distribution(tmp_path, method):
     path = str(build_checkpoint("llama", tmp_path / "v8", vocab_size=VOCAB))
+    spec = {"method": method, "num_speculative_tokens": 2}
+    if method == "ngram":
+        spec["prompt_lookup_min"] = 1
+    else:  # another random model of the same 8 tokens
+        spec["model"] = str(build_checkpoint("llama", tmp_path / "draft", seed=1, vocab_size=VOCAB))
     llm = LLM(
-        path,
-        dtype="float32",
-        num_kv_blocks=2048,
-        block_size=4,
-        max_num_seqs=256,
-        speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1},
-    )
+        path, dtype="float32", num_kv_blocks=2048, block_size=4, max_num_seqs=256,
+        speculative_config=spec,
+    )  # fmt: skip
     params = [
         SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=i)
         for i in range(SAMPLES)
