@@ -2,7 +2,8 @@
 prefix caching and chunked prefill: after every step each block's references match the
 requests holding it, an aborted request says nothing more, every other request ends with
 exactly its own greedy tokens (transformers'), and at the end every block is free; the same
-with n-gram speculative decoding, whose drafts are both accepted and rejected."""
+with n-gram speculative decoding, whose drafts are both accepted and rejected, and with a
+draft model (the target itself: every draft accepted)."""
 
 import random
 
@@ -37,12 +38,16 @@ def arrivals(seed: int) -> list[tuple[str, list[int], int]]:
     return requests
 
 
-@pytest.mark.parametrize("speculative_config", [None, NGRAM], ids=["plain", "ngram"])
+@pytest.mark.parametrize(
+    "speculative_config", [None, NGRAM, "draft"], ids=["plain", "ngram", "draft_model"]
+)
 @pytest.mark.parametrize("seed", range(4))
 def test_arrivals_and_aborts_between_any_steps_keep_every_block_and_token(
     checkpoint, seed, speculative_config
 ):
     path = str(checkpoint("llama"))
+    if speculative_config == "draft":
+        speculative_config = {"method": "draft_model", "model": path, "num_speculative_tokens": 3}
     engine = LLMEngine(
         EngineConfig(
             model=path,
@@ -92,4 +97,8 @@ def test_arrivals_and_aborts_between_any_steps_keep_every_block_and_token(
     assert len(aborted) >= 3
     if engine.speculator is not None:
         spec = engine.speculator.stats
-        assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens, spec
+        assert spec.num_accepted_tokens > 0, spec
+        if speculative_config is NGRAM:
+            assert spec.num_accepted_tokens < spec.num_draft_tokens, spec
+        else:
+            assert spec.num_accepted_tokens == spec.num_draft_tokens, spec
