@@ -155,7 +155,7 @@ def test_a_setting_the_server_refuses_is_refused_as_the_server_refuses_it() -> N
         (
             {"engine": {"speculativeConfig": {"method": "eagle", "numSpeculativeTokens": 2}}},
             "argument --speculative-config: speculative_config.method 'eagle' is not supported "
-            "(a vLLM method kvserve does not run); supported: ngram",
+            "(a vLLM method kvserve does not run); supported: ngram, draft_model",
         ),
         (
             {"env": [{"name": "KVSERVE_ATTENTION_BACKEND", "value": "flash"}]},
