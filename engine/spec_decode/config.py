@@ -84,8 +84,3 @@ class SpeculativeConfig:
         except json.JSONDecodeError as exc:
             raise ValueError(f"speculative_config is not JSON: {exc}") from exc
         return cls.from_dict(data)
-
-    def to_json(self) -> str:
-        """The flag's JSON (the keys that were given or resolved, sorted)."""
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        return json.dumps({k: v for k, v in data.items() if v is not None}, sort_keys=True)

@@ -24,7 +24,6 @@ class Speculator:
         kv: KVCacheManager,
         draft: DraftModel | None = None,
     ) -> None:
-        self.config = config
         self.proposer: NgramProposer | DraftModelProposer
         if config.method == "draft_model":
             assert draft is not None  # EngineConfig allows it on one rank only

@@ -26,7 +26,3 @@ class SpecDecodeStats:
         self.num_accepted_tokens += num_accepted
         for position in range(num_accepted):
             self.num_accepted_tokens_per_pos[position] += 1
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
