@@ -294,7 +294,7 @@ class LLMEngine:
         ``spec_decode.verifier`` accepts, its rejected drafts' blocks are freed; the
         requests that failed."""
         assert self.speculator is not None
-        rows = sum(1 + out.num_drafts(r) for r in out.sampling_requests)
+        rows = out.num_sampling_rows
         failed = record_prompt_logprobs(out.prompt_logprob_spans, logits[rows:])
         for request in failed:
             self._fail(request)

@@ -87,12 +87,14 @@ class SchedulerOutput:
     def without(self, dropped: Collection[Request]) -> "SchedulerOutput":
         """The same step less the requests of ``dropped``."""
         gone = {id(r) for r in dropped}
+        scheduled = [(r, n) for r, n in self.scheduled if id(r) not in gone]
+        kept = {r.request_id for r, _ in scheduled}
         return SchedulerOutput(
-            [(r, n) for r, n in self.scheduled if id(r) not in gone],
+            scheduled,
             self.preempted,
             [r for r in self.sampling_requests if id(r) not in gone],
             [(r, span) for r, span in self.prompt_logprob_spans if id(r) not in gone],
-            self.spec_token_ids,
+            {k: drafts for k, drafts in self.spec_token_ids.items() if k in kept},
         )
 
     def input_token_ids(self, request: Request, num_new: int) -> list[int]:
@@ -103,6 +105,11 @@ class SchedulerOutput:
 
     def num_drafts(self, request: Request) -> int:
         return len(self.spec_token_ids.get(request.request_id, ()))
+
+    @property
+    def num_sampling_rows(self) -> int:
+        """The logits rows of the sampling requests: one each, and one per draft."""
+        return len(self.sampling_requests) + sum(len(d) for d in self.spec_token_ids.values())
 
     @property
     def num_batched_tokens(self) -> int:
