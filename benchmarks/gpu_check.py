@@ -51,6 +51,7 @@ KERNEL_TESTS = [
     "tests/test_triton_fused_moe.py",
     "tests/test_triton_w4a16.py",
     "tests/test_triton_fp8_gemm.py",
+    "tests/test_triton_lora.py",
     "tests/test_kv_cache_fp8_kernels.py",
     "tests/test_cuda_graphs.py",
     "tests/test_kv_cache_sizing.py",

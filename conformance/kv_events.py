@@ -48,6 +48,7 @@ class BlockStored:
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    lora_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ def decode_event(raw: Any) -> Event:
         hashes, parent, tokens, size = fields[:4]
         lora_id = _optional(fields, 4, _is_int, "BlockStored.lora_id")
         medium = _optional(fields, 5, _is_str, "BlockStored.medium")
+        lora_name = _optional(fields, 6, _is_str, "BlockStored.lora_name")
         if parent is not None and not _is_hash(parent):
             raise FormatError(f"BlockStored.parent_block_hash: {_show(parent)}")
         if not isinstance(tokens, list) or not all(_is_int(t) and t >= 0 for t in tokens):
@@ -148,7 +150,7 @@ def decode_event(raw: Any) -> Event:
         if not _is_int(size) or size < 1:
             raise FormatError(f"BlockStored.block_size is a positive int, got {_show(size)}")
         return BlockStored(
-            _hashes(hashes, "BlockStored"), parent, tuple(tokens), size, lora_id, medium
+            _hashes(hashes, "BlockStored"), parent, tuple(tokens), size, lora_id, medium, lora_name
         )
     if tag == "BlockRemoved":
         if not fields:

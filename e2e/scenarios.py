@@ -192,7 +192,7 @@ def install_operator(ctx: Context) -> str:
         ("create", "events"): "yes",
         ("get", "secrets"): "no",
         ("create", "pods"): "no",
-        ("delete", "deployments.apps"): "no",
+        ("delete", "deployments.apps"): "yes",  # replaced by a LeaderWorkerSet
     }
     answers = {
         question: ctx.cluster.kubectl(

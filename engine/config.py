@@ -84,6 +84,37 @@ class EngineConfig:
         help="mp: ranks 1..N-1 in worker processes; uni: one rank in the engine's process, "
         "tensor_parallel_size 1 only (default: uni for one rank, mp for several)",
     )
+    pipeline_parallel_size: int = setting(
+        1,
+        minimum=1,
+        help="stages the model's layers are split in, contiguous (the embedding on the first, "
+        "the final norm and LM head on the last); world size = tensor_parallel_size x "
+        "pipeline_parallel_size ranks, rank r in stage r // tensor_parallel_size",
+    )
+    nnodes: int = setting(
+        1,
+        minimum=1,
+        help="nodes the ranks are spread over, world size / nnodes ranks on each (node n "
+        "holds ranks n*local .. n*local+local-1)",
+    )
+    node_rank: int = setting(
+        0, minimum=0, help="this node's index among nnodes; node 0 is the leader"
+    )
+    master_addr: str = setting(
+        "127.0.0.1",
+        help="the leader's address, where every node meets the rendezvous (nnodes > 1)",
+    )
+    master_port: int = setting(29501, minimum=1, help="the leader's rendezvous port (nnodes > 1)")
+    headless: bool = setting(
+        False,
+        help="run this node's ranks only, no API server and no engine core (a worker node: "
+        "node_rank >= 1)",
+    )
+    distributed_timeout_seconds: float = setting(
+        600.0,
+        help="how long the nodes wait for each other at the rendezvous before the one that "
+        "never arrived is named in an error",
+    )
     quantization: str | None = setting(
         None,
         choices=QUANTIZATIONS,
@@ -130,11 +161,16 @@ class EngineConfig:
     )
 
     enable_lora: bool = setting(False, help="serve LoRA adapters (PEFT directories)")
-    max_loras: int = setting(1, minimum=1, help="LoRA adapters resident on the device at once")
-    max_lora_rank: int = setting(16, minimum=1, help="the highest LoRA rank an adapter may have")
+    max_loras: int = setting(
+        1, minimum=1, help="LoRA adapters resident on the device at once", crd=Crd()
+    )
+    max_lora_rank: int = setting(
+        16, minimum=1, help="the highest LoRA rank an adapter may have", crd=Crd()
+    )
     max_cpu_loras: int | None = setting(
         None,
         minimum=1,
+        crd=Crd(),
         help="LoRA adapters kept in host memory, least recently used dropped and read again "
         "when asked for (default: max_loras; at least max_loras)",
     )
@@ -144,11 +180,13 @@ class EngineConfig:
             spec = SpeculativeConfig.from_dict(self.speculative_config)
             object.__setattr__(self, "speculative_config", spec)
         spec = self.speculative_config
-        if spec is not None and spec.method == "draft_model" and self.tensor_parallel_size != 1:
-            raise ValueError(
-                "speculative_config.method draft_model runs with tensor_parallel_size 1, not "
-                f"{self.tensor_parallel_size}"
-            )
+        if spec is not None and spec.method == "draft_model":
+            for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+                if getattr(self, name) != 1:
+                    raise ValueError(
+                        f"speculative_config.method draft_model runs with {name} 1, not "
+                        f"{getattr(self, name)}"
+                    )
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
@@ -169,19 +207,26 @@ class EngineConfig:
                 f"got {self.kv_cache_dtype!r}"
             )
         check_minimums(self)
+        self._check_layout()
         backend = self.distributed_executor_backend
         if backend is None:
-            backend = "uni" if self.tensor_parallel_size == 1 else "mp"
+            backend = "uni" if self.world_size == 1 else "mp"
             object.__setattr__(self, "distributed_executor_backend", backend)
         if backend not in EXECUTOR_BACKENDS:
             raise ValueError(
                 f"distributed_executor_backend must be one of {list(EXECUTOR_BACKENDS)}, "
                 f"got {backend!r}"
             )
-        if backend == "uni" and self.tensor_parallel_size != 1:
+        if backend == "uni" and self.world_size != 1:
             raise ValueError(
                 f"distributed_executor_backend uni runs one rank, not tensor_parallel_size "
-                f"{self.tensor_parallel_size}; use mp"
+                f"{self.tensor_parallel_size}"
+                + (
+                    f" x pipeline_parallel_size {self.pipeline_parallel_size}"
+                    if self.pipeline_parallel_size > 1
+                    else ""
+                )
+                + "; use mp"
             )
         if self.max_cpu_loras is None:
             object.__setattr__(self, "max_cpu_loras", self.max_loras)
@@ -194,4 +239,45 @@ class EngineConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+
+    @property
+    def world_size(self) -> int:
+        """Every rank of every node: tensor_parallel_size x pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def local_world_size(self) -> int:
+        """The ranks each node runs."""
+        return self.world_size // self.nnodes
+
+    def _check_layout(self) -> None:
+        """The ranks spread evenly over the nodes, this node one of them, a headless one a
+        worker node."""
+        if self.world_size % self.nnodes:
+            raise ValueError(
+                f"nnodes {self.nnodes} must divide the world size tensor_parallel_size "
+                f"{self.tensor_parallel_size} x pipeline_parallel_size "
+                f"{self.pipeline_parallel_size} = {self.world_size}"
+            )
+        if self.node_rank >= self.nnodes:
+            raise ValueError(
+                f"node_rank {self.node_rank} is out of range for nnodes {self.nnodes} "
+                f"(0..{self.nnodes - 1})"
+            )
+        if self.headless and self.node_rank == 0:
+            raise ValueError(
+                "headless runs a worker node's ranks; node_rank 0 is the leader, which runs "
+                "the API server and the engine: give headless a node_rank from 1 to nnodes - 1"
+            )
+        if self.node_rank > 0 and not self.headless:
+            raise ValueError(
+                f"node_rank {self.node_rank} is a worker node: run it with headless (only "
+                "node_rank 0 runs the API server and the engine)"
+            )
+        if self.pipeline_parallel_size > 1 and self.enable_lora:
+            raise ValueError("enable_lora is not supported with pipeline_parallel_size > 1")
+        if self.distributed_timeout_seconds <= 0:
+            raise ValueError(
+                f"distributed_timeout_seconds must be > 0, got {self.distributed_timeout_seconds}"
             )

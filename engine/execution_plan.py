@@ -2,6 +2,7 @@
 device, logged in one line and handed around as one object."""
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -11,11 +12,14 @@ from kvserve.engine.config import DTYPES, EngineConfig
 from kvserve.engine.core.kv_groups import (
     FULL,
     LINEAR,
+    SHARED,
     SLIDING,
     KVGroup,
     LayerKind,
     group_size,
+    held_pages,
     kv_groups,
+    page_elements,
 )
 from kvserve.engine.graphs.cpu_graphs import use_cpu_graphs
 from kvserve.engine.graphs.cuda_graphs import use_cuda_graphs
@@ -28,8 +32,10 @@ from kvserve.engine.kv_cache_sizing import (
 from kvserve.engine.layers.attention.backend import AttentionBackend, select_backend
 from kvserve.engine.layers.attention.fp8_kv import FP8, kv_cache_dtype
 from kvserve.engine.layers.cpu_linear.packed_linear import can_pack
+from kvserve.engine.layers.pipeline_parallel import PipelineParallel
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
+from kvserve.engine.models.registry import model_class
 from kvserve.engine.spec_decode.draft_kv import draft_kv_block_bytes
 
 
@@ -125,7 +131,9 @@ class ExecutionPlan:
         for group in self.kv_groups:
             name = group.kind if group.window is None else f"{group.kind} {group.window}"
             kinds[name] = kinds.get(name, 0) + 1
-        size = group_size(self.kv_groups)
+        size = f"{group_size(self.kv_groups)}"
+        if len({len(group.layers) for group in self.kv_groups}) > 1:  # a shorter last group,
+            size = f"up to {size}"  # or more layers of a smaller shape
         listed = ", ".join(f"{count} {name}" for name, count in kinds.items())
         return (
             f" shared by {len(self.kv_groups)} groups of {size} layers ({listed}); a request "
@@ -134,16 +142,20 @@ class ExecutionPlan:
 
 
 def plan_execution(
-    config: EngineConfig, model_config: ModelConfig, flags: frozenset[str] | None = None
+    config: EngineConfig,
+    model_config: ModelConfig,
+    flags: frozenset[str] | None = None,
+    rank: int = 0,
 ) -> ExecutionPlan:
     """Resolve ``config``'s ``auto`` settings for this checkpoint on this machine (``flags``:
-    its CPU's feature flags, read from /proc/cpuinfo unless given); raises ValueError for a
-    setting the checkpoint or the device cannot honour."""
+    its CPU's feature flags, read from /proc/cpuinfo unless given) for world rank ``rank``
+    (with several pipeline stages a block holds the KV pages of its stage's layers alone);
+    raises ValueError for a setting the checkpoint or the device cannot honour."""
     device = _device(config)
-    tp = config.tensor_parallel_size
-    if device.type == "cuda" and tp > 1 and tp > torch.cuda.device_count():
+    tp, local = config.tensor_parallel_size, config.local_world_size
+    if device.type == "cuda" and local > 1 and local > torch.cuda.device_count():
         raise ValueError(
-            f"tensor_parallel_size {tp} needs {tp} CUDA devices, one per rank; this machine "
+            f"tensor_parallel_size {tp} needs {local} CUDA devices, one per rank; this machine "
             f"has {torch.cuda.device_count()}"
         )
     cpu_bf16 = native_bf16(cpu_flags() if flags is None else flags)
@@ -152,7 +164,15 @@ def plan_execution(
     max_model_len = _max_model_len(config, model_config)
     kv_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype, device, backend)
     groups = kv_groups(layer_kinds(model_config))
-    block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype, group_size(groups))
+    elements = page_elements(groups)
+    if config.pipeline_parallel_size > 1:
+        model_class(model_config.architecture).check_pipeline(
+            model_config, config.pipeline_parallel_size
+        )
+        stage = PipelineParallel.of_rank(rank, tp, config.pipeline_parallel_size)
+        held = held_pages(groups, stage.layers(model_config.num_layers))
+        elements = len(held) * groups[0].token_elements  # staged models: one page shape
+    block_bytes = kv_block_bytes(config.block_size, kv_dtype, elements)
     block_bytes += draft_kv_block_bytes(config, config.block_size, kv_dtype)
     held = sum(
         g.max_blocks(max_model_len, config.block_size, config.max_num_batched_tokens)
@@ -166,10 +186,11 @@ def plan_execution(
         else 0
     )
     # CUDA graphs and recorded CPU decode steps were never proven with collectives inside:
-    # a model sharded over several ranks runs every step eagerly
-    # nor with several block tables (a hybrid model's groups), nor with state slots; nor with
-    # LoRA layers (a step's adapter row groups are not part of a replayed step)
-    eager = config.enforce_eager or tp > 1 or len(groups) > 1 or slots > 0 or config.enable_lora
+    # a model sharded over several ranks runs every step eagerly; nor with LoRA layers (a
+    # step's adapter row groups are not part of a replayed step). Several KV groups and state
+    # slots have static buffers of their own (graphs/static_batch.py), but a CUDA graph's
+    # padding rows would need a scratch state slot: state-slot models record CPU steps only.
+    eager = config.enforce_eager or config.world_size > 1 or config.enable_lora
     return ExecutionPlan(
         model=config.model,
         family=model_config.family,
@@ -178,7 +199,7 @@ def plan_execution(
         dtype_note=dtype_note,
         weights=quant.describe() if (quant := model_config.quantization) else "",
         backend=backend,
-        cuda_graphs=use_cuda_graphs(device, backend.name, eager),
+        cuda_graphs=use_cuda_graphs(device, backend.name, eager or slots > 0),
         cpu_graphs=use_cpu_graphs(device, backend.name, eager),
         packed_linears=can_pack(dtype, device),
         max_model_len=max_model_len,
@@ -194,15 +215,17 @@ def plan_execution(
 
 
 def layer_kinds(model_config: ModelConfig) -> tuple[LayerKind, ...]:
-    """Each layer's memory: a state slot for ``linear_layers``, else its window from
-    ``layer_windows``, else full attention."""
+    """Each layer's memory: a state slot for ``linear_layers``, another layer's cache for
+    ``kv_shared_layers``, else its window from ``layer_windows``, else full attention, of
+    its kv heads x head size elements a token."""
     windows = model_config.layer_windows or (None,) * model_config.num_layers
+    shared = model_config.kv_shared_layers
     return tuple(
         LayerKind(LINEAR)
         if i in model_config.linear_layers
-        else LayerKind(FULL)
-        if w is None
-        else LayerKind(SLIDING, w)
+        else LayerKind(SHARED)
+        if i in shared
+        else LayerKind(FULL if w is None else SLIDING, w, math.prod(model_config.kv_shape(i)))
         for i, w in enumerate(windows)
     )
 

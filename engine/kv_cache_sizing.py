@@ -19,22 +19,18 @@ from kvserve.engine.config import EngineConfig
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.linear_attention.metadata import StateMetadata
 from kvserve.engine.models.decoder import DecoderLM
-from kvserve.engine.models.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 GIB = 2**30
 DEFAULT_CPU_KV_CACHE_GB = 4.0
 
 
-def kv_block_bytes(
-    model_config: ModelConfig, block_size: int, dtype: torch.dtype, num_layers: int
-) -> int:
-    """Bytes of one block: keys and values of ``block_size`` tokens in ``num_layers`` layers
-    (a dense model's all; a hybrid model's group size, ``kv_groups``), each element a
-    ``dtype`` (the cache's: 1 byte for e4m3, so twice a 16-bit cache's blocks fit in one
-    budget)."""
-    cfg = model_config
-    return 2 * num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+def kv_block_bytes(block_size: int, dtype: torch.dtype, page_elements: int) -> int:
+    """Bytes of one block: keys and values of ``block_size`` tokens in one page of
+    ``page_elements`` elements a token (``kv_groups.page_elements``: a dense model's layers
+    x kv heads x head size), each element a ``dtype`` (the cache's: 1 byte for e4m3, so
+    twice a 16-bit cache's blocks fit in one budget)."""
+    return 2 * block_size * page_elements * dtype.itemsize
 
 
 def configured_kv_blocks(
@@ -121,13 +117,12 @@ def profile_step(
     layers share one state slot per sequence (the slots' memory is counted apart)."""
     cfg = model.config
     num_tokens = sum(query_lens)
-    shape = (1, block_size, cfg.num_kv_heads, cfg.head_dim)
     kv_caches = [
         (
-            torch.zeros(shape, dtype=kv_dtype, device=device),
-            torch.zeros(shape, dtype=kv_dtype, device=device),
+            torch.zeros((1, block_size, *cfg.kv_shape(i)), dtype=kv_dtype, device=device),
+            torch.zeros((1, block_size, *cfg.kv_shape(i)), dtype=kv_dtype, device=device),
         )
-        for _ in range(cfg.num_layers)
+        for i in range(cfg.num_layers)
     ]
     lens = torch.tensor(query_lens, dtype=torch.int32)
     ends = lens.cumsum(0)

@@ -12,14 +12,14 @@ b4e69e0: int hashes, no ``medium``; commit 0181ea3: ``medium``, ``lora_name``, `
 and each event an array led by its tag, the fields in llm-d's ``ToTaggedUnion`` order::
 
     ["BlockStored", [hash, ...], parent_hash | nil, [token_id, ...], block_size, nil, medium]
-    ["BlockStored", ..., block_size, nil, medium, lora_name]      (blocks of a LoRA adapter)
+    ["BlockStored", ..., block_size, lora_id, medium, lora_name]  (blocks of a LoRA adapter)
     ["BlockRemoved", [hash, ...], medium]
     ["AllBlocksCleared"]
 
-``lora_id`` is always nil; ``medium`` is "GPU" or "CPU", where the KV lives; ``lora_name``,
-vLLM's next field, names the adapter of a request's blocks (its first block's parent key is
-the adapter's, so the hashes differ from the base model's too) and is left out for the base
-model.
+``medium`` is "GPU" or "CPU", where the KV lives; ``lora_id`` (the adapter's
+``lora_int_id``, as vLLM sends it) and ``lora_name``, vLLM's field after ``medium``, name the
+adapter of a request's blocks (its first block's parent key is the adapter's, so the hashes
+differ from the base model's too): nil and left out for the base model.
 A block hash is kvserve's prefix-cache key as it is (``block_hash``: the 32-byte SHA-256
 digest, the same in every process, so two pods that cache the same prefix publish the same
 hashes), sent as msgpack bytes, as vLLM sends its sha256 keys (llm-d reads the last 8 bytes as
@@ -102,6 +102,7 @@ class BlockStored:
     parent_block_hash: BlockHash | None
     token_ids: list[int]
     block_size: int
+    lora_id: int | None = None
     lora_name: str | None = None
 
 
@@ -131,6 +132,7 @@ class KVEventLog:
         block_hash: BlockHash,
         parent_hash: BlockHash | None,
         token_ids: list[int],
+        lora_id: int | None = None,
         lora_name: str | None = None,
     ) -> None:
         last = self._events[-1] if self._events else None
@@ -138,13 +140,15 @@ class KVEventLog:
             isinstance(last, BlockStored)
             and last.block_hashes[-1] == parent_hash
             and last.block_size == len(token_ids)
-            and last.lora_name == lora_name
+            and (last.lora_id, last.lora_name) == (lora_id, lora_name)
         ):
             last.block_hashes.append(block_hash)
             last.token_ids.extend(token_ids)
         else:
             self._events.append(
-                BlockStored([block_hash], parent_hash, list(token_ids), len(token_ids), lora_name)
+                BlockStored(
+                    [block_hash], parent_hash, list(token_ids), len(token_ids), lora_id, lora_name
+                )
             )
 
     def removed(self, block_hash: BlockHash) -> None:
@@ -176,7 +180,7 @@ def _encode(event: KVEvent, medium: str) -> list:
             event.parent_block_hash,
             event.token_ids,
             event.block_size,
-            None,
+            event.lora_id,
             medium,
         ]
         return stored if event.lora_name is None else [*stored, event.lora_name]

@@ -45,7 +45,7 @@ class Setting:
     crd: Crd | None = None
     nargs: str | None = None
     """argparse's: ``"+"`` takes one or more values (a list; from the environment variable,
-    its whitespace-separated words)."""
+    a JSON array or its whitespace-separated words, a JSON object one word: ``cli.env_words``)."""
 
 
 def setting(default: Any = MISSING, **spelling: Any) -> Any:

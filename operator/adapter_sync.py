@@ -7,7 +7,9 @@ that with the wanted adapters (name → path, ``adapters.Adapter.path``) and cal
 another path), then ``POST /v1/load_lora_adapter`` for each wanted one not served. The calls go
 to the pod's IP on ``HTTP_PORT``, so the operator needs no access to anything but the pods'
 network; the server allows them only with ``KVSERVE_ALLOW_RUNTIME_LORA_UPDATING=true``, which
-every pod with adapters runs with.
+every pod with adapters runs with. A pod started with ``apiKeySecret`` wants that key on every
+call: the operator reads it from the Secret (``Kube.secret_value``) and sends it as
+``Authorization: Bearer``.
 
 Each call is idempotent in effect: a sync repeated on an up-to-date pod only reads its list.
 """
@@ -35,8 +37,8 @@ class PodSync:
     served: frozenset[str]
     failed: Mapping[str, str]
     answered: bool = True
-    """Whether the server answered, an HTTP error included (e.g. 401 to the operator, which
-    holds no API key): it runs, and the status reports what it refused."""
+    """Whether the server answered, an HTTP error included (e.g. 401 when the key the
+    operator sends is not the pod's): it runs, and the status reports what it refused."""
 
 
 def served_adapters(models: dict[str, Any], base: str) -> dict[str, str]:
@@ -71,30 +73,38 @@ def _error(e: Exception) -> str:
 
 
 def _call(
-    url: str, body: dict[str, Any] | None = None, timeout: float = LIST_TIMEOUT_SECONDS
+    url: str,
+    api_key: str | None,
+    body: dict[str, Any] | None = None,
+    timeout: float = LIST_TIMEOUT_SECONDS,
 ) -> bytes:
     """The answer's body; an HTTP error status raises (``HTTPError``). A load or an unload
     answers plain text, as vLLM's do."""
     data = None if body is None else json.dumps(body).encode()
     headers = {} if body is None else {"Content-Type": "application/json"}
+    if api_key is not None:
+        headers["Authorization"] = f"Bearer {api_key}"
     request = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(request, timeout=timeout) as answer:
         return answer.read()
 
 
-def _served(root: str, base: str) -> dict[str, str]:
-    return served_adapters(json.loads(_call(f"{root}/models")), base)
+def _served(root: str, base: str, api_key: str | None) -> dict[str, str]:
+    return served_adapters(json.loads(_call(f"{root}/models", api_key)), base)
 
 
-def sync_pod(address: str, base: str, wanted: Mapping[str, str]) -> PodSync:
-    """Bring the server at ``address`` (``host:port``) to ``wanted`` (name → path).
+def sync_pod(
+    address: str, base: str, wanted: Mapping[str, str], api_key: str | None = None
+) -> PodSync:
+    """Bring the server at ``address`` (``host:port``) to ``wanted`` (name → path), every
+    call carrying ``api_key`` if given.
 
     Two syncs of one pod can overlap (a reconcile and a pod's event): the second's load of an
     adapter the first just loaded is refused ("already loaded"). So a failed call is judged by
     the list read again after the calls: what it shows served from the wanted path is served."""
     root = f"http://{address}/v1"
     try:
-        served = _served(root, base)
+        served = _served(root, base, api_key)
     except (OSError, ValueError) as e:
         answered = isinstance(e, urllib.error.HTTPError)
         return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)), answered)
@@ -102,7 +112,7 @@ def sync_pod(address: str, base: str, wanted: Mapping[str, str]) -> PodSync:
     failed: dict[str, str] = {}
     for name in unload:
         try:
-            _call(f"{root}/unload_lora_adapter", {"lora_name": name})
+            _call(f"{root}/unload_lora_adapter", api_key, {"lora_name": name})
         except (OSError, ValueError) as e:
             failed[name] = f"unload: {_error(e)}"
     for name in load:
@@ -110,13 +120,13 @@ def sync_pod(address: str, base: str, wanted: Mapping[str, str]) -> PodSync:
             continue
         try:
             body = {"lora_name": name, "lora_path": wanted[name]}
-            _call(f"{root}/load_lora_adapter", body, LOAD_TIMEOUT_SECONDS)
+            _call(f"{root}/load_lora_adapter", api_key, body, LOAD_TIMEOUT_SECONDS)
         except (OSError, ValueError) as e:
             failed[name] = _error(e)
     if not unload and not load:
         return PodSync(frozenset(wanted), {})
     try:
-        served = _served(root, base)
+        served = _served(root, base, api_key)
     except (OSError, ValueError) as e:
         answered = isinstance(e, urllib.error.HTTPError)
         return PodSync(frozenset(), dict.fromkeys(wanted, _error(e)), answered)

@@ -1,4 +1,5 @@
-"""The HorizontalPodAutoscaler that scales an LLMDeployment's Deployment on queue depth.
+"""The HorizontalPodAutoscaler that scales an LLMDeployment's Deployment (or LeaderWorkerSet) on
+queue depth.
 
 The metrics are per-pod averages served by the custom-metrics API: by kvserve's own
 (``metrics_api``, which scrapes the pods' ``/metrics``), or by prometheus-adapter with the
@@ -28,7 +29,14 @@ def _pods_metric(name: str, average: str) -> dict[str, Any]:
     }
 
 
-def render_hpa(owner: dict[str, Any], scaling: AutoscalingSpec, api_version: str) -> dict[str, Any]:
+def render_hpa(
+    owner: dict[str, Any],
+    scaling: AutoscalingSpec,
+    api_version: str,
+    target: tuple[str, str] = ("apps/v1", "Deployment"),
+) -> dict[str, Any]:
+    """``target``: (apiVersion, kind) of the workload whose scale subresource the HPA sets: the
+    Deployment, or the LeaderWorkerSet (whose scale counts groups; its selector, the leaders)."""
     metrics = []
     if scaling.target_waiting_requests is not None:
         metrics.append(_pods_metric(WAITING_METRIC, str(scaling.target_waiting_requests)))
@@ -41,8 +49,8 @@ def render_hpa(owner: dict[str, Any], scaling: AutoscalingSpec, api_version: str
         "metadata": child_metadata(owner),
         "spec": {
             "scaleTargetRef": {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
+                "apiVersion": target[0],
+                "kind": target[1],
                 "name": owner["metadata"]["name"],
             },
             "minReplicas": scaling.min_replicas,

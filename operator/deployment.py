@@ -10,7 +10,7 @@ Design rules, each visible in the rendered pod:
   /models, or an ``hf://`` repository that an init container (same image) downloads into an
   emptyDir at /models/model before the server starts.
 - pods run as a non-root user with a read-only root filesystem; /tmp (HOME, caches) and
-  /dev/shm (memory-backed, sized for the engine's tensor-parallel ranks) are emptyDirs.
+  /dev/shm (memory-backed, 1Gi for each of the pod's ranks) are emptyDirs.
 - the server needs no Kubernetes API access: no service-account token is mounted.
 - with a CPU limit, the server runs as many threads as it gives (``OMP_NUM_THREADS``).
 - a failed download leaves one line naming its cause as the init container's termination
@@ -41,7 +41,12 @@ from kvserve.operator.adapters import (
 )
 from kvserve.operator.quantity import parse_quantity
 from kvserve.operator.resource import HTTP_PORT, child_metadata, labels, selector_labels
-from kvserve.operator.spec import LLMDeploymentSpec, ModelSource, speculative_config_json
+from kvserve.operator.spec import (
+    LLMDeploymentSpec,
+    ModelSource,
+    ranks_per_pod,
+    speculative_config_json,
+)
 from kvserve.server.server_settings import CRD_ENGINE_SETTINGS
 
 PRESTOP_SECONDS = 5
@@ -87,6 +92,12 @@ def serve_args(name: str, spec: LLMDeploymentSpec, source: ModelSource) -> list[
     if engine.speculative_config is not None:
         args += ["--speculative-config", speculative_config_json(engine.speculative_config)]
     return args + adapter_args(spec) + list(spec.extra_args)
+
+
+def pipeline_args(spec: LLMDeploymentSpec) -> list[str]:
+    """vLLM's ``--pipeline-parallel-size``, for a spec that splits the layers in stages."""
+    pp = spec.engine.pipeline_parallel_size
+    return [] if pp == 1 else ["--pipeline-parallel-size", str(pp)]
 
 
 def engine_flags(engine: BaseModel, defaulted: bool) -> list[str]:
@@ -233,13 +244,13 @@ def render_deployment(
 ) -> dict[str, Any]:
     name = owner["metadata"]["name"]
     res = spec.resources
-    tp = spec.engine.tensor_parallel_size
+    shm = f"{ranks_per_pod(spec)}Gi"
     mounts: list[dict[str, Any]] = [
         {"name": "shm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     volumes: list[dict[str, Any]] = [
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size or f"{tp}Gi"}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size or shm}},
         {"name": "tmp", "emptyDir": {}},
     ]
     model_volume = _model_volume(source)
@@ -252,7 +263,7 @@ def render_deployment(
         "name": SERVER_CONTAINER,
         "image": image,
         "command": ["kvserve"],
-        "args": serve_args(name, spec, source),
+        "args": serve_args(name, spec, source) + pipeline_args(spec),
         "ports": _ports(spec),
         "env": server_env(spec),
         "resources": _resources(spec),

@@ -7,7 +7,9 @@ Every trigger funnels into the same level-based ``Reconciler.reconcile``:
 - a periodic resync (``KVSERVE_RESYNC_SECONDS``, default 300) repairs any other drift.
 A child Deployment's or a pod's status change only refreshes the owner's status (the pods give
 ``ModelLoaded``). A spec asking for an InferencePool where the cluster serves no such API gets
-a False ``InferencePool`` condition and one Warning Event, like an invalid spec; so do pods
+a False ``InferencePool`` condition and one Warning Event, like an invalid spec; so does a spec
+of multi-pod replicas where it serves no LeaderWorkerSet API (``LeaderWorkerSet``), one with
+adapters where no InferenceModelRewrite API is served (``AdapterRoutes``), and pods
 that fail to load the model (``ModelLoaded`` False: a failed download, a crashing server), one
 Event per reason, not one per restart or status refresh.
 
@@ -38,7 +40,10 @@ from kubernetes.client.rest import ApiException
 from kvserve.operator.adapter_status import CONDITION as ADAPTERS_CONDITION
 from kvserve.operator.inference_pool import CONDITION as POOL_CONDITION
 from kvserve.operator.kube import Kube, api_message, namespace_terminating
+from kvserve.operator.leader_worker_set import CONDITION as GROUP_CONDITION
+from kvserve.operator.leader_worker_set import LWS_KIND
 from kvserve.operator.model_load import CONDITION as LOAD_CONDITION
+from kvserve.operator.model_rewrite import CONDITION as ROUTES_CONDITION
 from kvserve.operator.reconciler import Outcome, Reconciler
 from kvserve.operator.resource import (
     API_VERSION,
@@ -124,7 +129,13 @@ def _warn(owner: dict[str, Any], reason: str, message: str) -> None:
     kopf.warn(owner, reason=reason, message=message)  # type: ignore[arg-type]
 
 
-WARNED_CONDITIONS = (POOL_CONDITION, LOAD_CONDITION, ADAPTERS_CONDITION)
+WARNED_CONDITIONS = (
+    POOL_CONDITION,
+    LOAD_CONDITION,
+    ADAPTERS_CONDITION,
+    GROUP_CONDITION,
+    ROUTES_CONDITION,
+)
 """Conditions whose turning False (or changing reason while False) posts one Warning Event."""
 
 
@@ -206,19 +217,21 @@ def _handle_child(reconciler: Reconciler, child: kopf.Body, deleted: bool) -> No
 @kopf.on.event("policy", "poddisruptionbudgets", labels=MANAGED_BY)
 @kopf.on.event("monitoring.coreos.com", "podmonitors", labels=MANAGED_BY)
 @kopf.on.event("inference.networking.k8s.io", "inferencepools", labels=MANAGED_BY)
+@kopf.on.event("leaderworkerset.x-k8s.io", "leaderworkersets", labels=MANAGED_BY)
 @kopf.on.event("", "v1", "pods", labels=MANAGED_BY)
 async def child_changed(
     event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
-    """A deleted child is re-created; a change of a Deployment or of a pod (any, deleted too:
-    pods are the ReplicaSet's) refreshes the owner's status.
+    """A deleted child is re-created; a change of a Deployment, a LeaderWorkerSet or a pod (any,
+    deleted too: pods are the ReplicaSet's or the LeaderWorkerSet's) refreshes the owner's
+    status.
 
     kopf never retries an event handler, so API errors are retried here, with backoff. A
     status write that keeps conflicting (StatusConflict) is left to the writers that won.
     """
     kind = body.get("kind")
     deleted = event["type"] == "DELETED" and kind != "Pod"
-    if not deleted and kind not in ("Deployment", "Pod"):
+    if not deleted and kind not in ("Deployment", LWS_KIND, "Pod"):
         return
     for attempt in range(CHILD_ATTEMPTS):
         try:

@@ -21,9 +21,14 @@ def pool_name(owner: dict[str, Any], pool: InferencePoolSpec) -> str:
     return pool.name or owner["metadata"]["name"]
 
 
-def render_inference_pool(owner: dict[str, Any], pool: InferencePoolSpec) -> dict[str, Any]:
+def render_inference_pool(
+    owner: dict[str, Any], pool: InferencePoolSpec, selector: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``selector``: the pods that serve (default: all of the LLMDeployment's; a group's
+    leaders when a replica spans several pods)."""
+    labels = selector or selector_labels(owner["metadata"]["name"])
     spec: dict[str, Any] = {
-        "selector": {"matchLabels": selector_labels(owner["metadata"]["name"])},
+        "selector": {"matchLabels": labels},
         "targetPorts": [{"number": HTTP_PORT}],
     }
     picker = pool.endpoint_picker_ref

@@ -9,6 +9,7 @@ A status is written with the owner's ``resourceVersion`` as a precondition: the 
 refuses it (409 Conflict) when the owner changed since it was read.
 """
 
+import base64
 import json
 from typing import Any
 
@@ -24,7 +25,10 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "PodMonitor": "podmonitors",
     "InferencePool": "inferencepools",
+    "LeaderWorkerSet": "leaderworkersets",
+    "InferenceModelRewrite": "inferencemodelrewrites",
     "Pod": "pods",
+    "Secret": "secrets",
     "LLMDeployment": PLURAL,
 }
 
@@ -102,6 +106,13 @@ class Kube:
             if e.status == 404:
                 return None
             raise
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """The value under ``key`` of the Secret ``name``, decoded; None when the Secret or
+        the key is missing (other API errors raise)."""
+        secret = self.get("v1", "Secret", namespace, name)
+        value = None if secret is None else (secret.get("data") or {}).get(key)
+        return None if value is None else base64.b64decode(value).decode()
 
     def list_labelled(
         self, api_version: str, kind: str, namespace: str, selector: str

@@ -16,6 +16,9 @@ renders it, and each has one place in the spec (or is fixed):
 - ``--enable-lora``, ``--lora-modules``, ``--allow-runtime-lora-updating``: ``adapters``
   (``adapters``: the ``hf://`` ones are started with, the others loaded at run time, which the
   last one allows);
+- ``--pipeline-parallel-size``: ``engine.pipelineParallelSize``; ``--nnodes``, ``--node-rank``,
+  ``--master-addr``, ``--master-port``, ``--headless``: the LeaderWorkerSet's group
+  (``leader_worker_set``);
 - ``--api-key``: ``apiKeySecret`` (as a flag it would beat the Secret's ``KVSERVE_API_KEY``,
   in plain text in the pod's spec);
 - every setting of the CRD's ``engine`` block (``CRD_ENGINE_SETTINGS``: ``--dtype``,
@@ -50,6 +53,12 @@ FIXED: dict[str, str] = {
     "--lora-modules": "set by spec.adapters",
     "--allow-runtime-lora-updating": "set by spec.adapters",
     "--no-allow-runtime-lora-updating": "set by spec.adapters",
+    "--pipeline-parallel-size": "set by spec.engine.pipelineParallelSize",
+    "--nnodes": "set by the LeaderWorkerSet's group size",
+    "--node-rank": "set by the LeaderWorkerSet's worker index",
+    "--master-addr": "set by the LeaderWorkerSet's leader address",
+    "--master-port": "always the LeaderWorkerSet leader's rendezvous port",
+    "--headless": "set on the LeaderWorkerSet's workers",
 }
 """The owned flags outside the CRD's ``engine`` settings, and where each is set."""
 

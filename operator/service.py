@@ -10,14 +10,15 @@ def endpoint(name: str, namespace: str) -> str:
     return f"http://{name}.{namespace}.svc:{HTTP_PORT}/v1"
 
 
-def render_service(owner: dict[str, Any]) -> dict[str, Any]:
+def render_service(owner: dict[str, Any], selector: dict[str, str] | None = None) -> dict[str, Any]:
+    """``selector``: the pods to serve from (default: all of the LLMDeployment's)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": child_metadata(owner),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(owner["metadata"]["name"]),
+            "selector": selector or selector_labels(owner["metadata"]["name"]),
             "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }

@@ -65,6 +65,9 @@ class ResourcesSpec(_Spec):
     shm_size: str | None = Field(None, alias="shmSize")
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    ranks_per_pod: int | None = Field(None, alias="ranksPerPod", ge=1)
+    """Ranks each pod runs (``pods_per_replica``): with GPUs, one per GPU (``gpus``, which it
+    must equal when given); without, all of the replica's unless set."""
 
 
 class KVEventsSpec(_Spec):
@@ -124,6 +127,7 @@ if TYPE_CHECKING:
         ``CRD_ENGINE_SETTINGS`` entry (``deployment.engine_flags``)."""
 
         tensor_parallel_size: int
+        pipeline_parallel_size: int
         kv_events: KVEventsSpec
         speculative_config: SpeculativeSpec | None
 
@@ -134,10 +138,11 @@ else:
     EngineSpec = create_model(
         "EngineSpec",
         __base__=_Spec,
-        __doc__="The CRD's ``engine`` block: the declared settings (``CRD_ENGINE_SETTINGS``) "
-        "and ``kvEvents``.",
+        __doc__="The CRD's ``engine`` block: the declared settings (``CRD_ENGINE_SETTINGS``), "
+        "``kvEvents`` and ``pipelineParallelSize`` (vLLM's ``--pipeline-parallel-size``).",
         **{d.name: _engine_field(d) for d in CRD_ENGINE_SETTINGS},
         kv_events=(KVEventsSpec, Field(default_factory=KVEventsSpec, alias="kvEvents")),
+        pipeline_parallel_size=(int, Field(1, alias="pipelineParallelSize", ge=1)),
         speculative_config=(SpeculativeSpec | None, Field(None, alias="speculativeConfig")),
     )
 
@@ -295,13 +300,9 @@ def parse_spec(raw: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
         )
         if scaling.controller == "HPA" and no_target:
             raise InvalidSpec("autoscaling needs targetWaitingRequests and/or targetKVCacheUsage")
-    tp, gpus = spec.engine.tensor_parallel_size, spec.resources.gpus
-    if gpus and tp != gpus:
-        raise InvalidSpec(
-            f"engine.tensorParallelSize {tp} and resources.gpus {gpus} disagree: each rank runs "
-            "on one GPU of the pod, so they must be equal (with no GPUs, the ranks share the "
-            "pod's CPUs)"
-        )
+    parallelism = parallelism_problem(spec)
+    if parallelism is not None:
+        raise InvalidSpec(parallelism)
     events = spec.engine.kv_events
     if events.enabled and events.port == HTTP_PORT:
         raise InvalidSpec(f"engine.kvEvents.port {HTTP_PORT} is the server's HTTP port")
@@ -309,6 +310,44 @@ def parse_spec(raw: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
     if problem is not None:
         raise InvalidSpec(problem)
     return spec, source
+
+
+def world_size(spec: LLMDeploymentSpec) -> int:
+    """The ranks of one model replica: tensor × pipeline parallel size."""
+    return spec.engine.tensor_parallel_size * spec.engine.pipeline_parallel_size
+
+
+def ranks_per_pod(spec: LLMDeploymentSpec) -> int:
+    """``resources.ranksPerPod``, else one rank per GPU, else (on a CPU) every rank."""
+    res = spec.resources
+    return res.ranks_per_pod or res.gpus or world_size(spec)
+
+
+def pods_per_replica(spec: LLMDeploymentSpec) -> int:
+    """Pods that serve one model replica together: above 1, a LeaderWorkerSet's group
+    (``leader_worker_set``). ``parallelism_problem`` holds it to a whole number."""
+    return world_size(spec) // ranks_per_pod(spec)
+
+
+def parallelism_problem(spec: LLMDeploymentSpec) -> str | None:
+    """Why the ranks (``world_size``) cannot be spread evenly over pods of ``ranks_per_pod``,
+    or None: a pod runs one rank per GPU, and every pod of a group the same number."""
+    tp, pp = spec.engine.tensor_parallel_size, spec.engine.pipeline_parallel_size
+    res = spec.resources
+    if res.gpus and res.ranks_per_pod not in (None, res.gpus):
+        return (
+            f"resources.ranksPerPod {res.ranks_per_pod} and resources.gpus {res.gpus} "
+            "disagree: a pod runs one rank per GPU"
+        )
+    ranks, world = ranks_per_pod(spec), world_size(spec)
+    if world % ranks:
+        per_pod = f"resources.gpus {res.gpus}" if res.gpus else f"resources.ranksPerPod {ranks}"
+        return (
+            f"engine.tensorParallelSize {tp} × engine.pipelineParallelSize {pp} = {world} "
+            f"ranks cannot be spread evenly over pods of {per_pod} ranks each: {per_pod} "
+            f"must divide {world}"
+        )
+    return None
 
 
 def names_problem(spec: LLMDeploymentSpec) -> str | None:

@@ -3,8 +3,12 @@
 Its name can name every child (``names``), its spec parses within the bounds the CRD's schema
 cannot state (``spec.parse_spec``), its ``extraArgs`` leave the flags the operator renders alone
 (``owned_flags``), and the server would start with the container the spec renders
-(``server_args``). A failed check raises ``InvalidSpec``: the operator reports it as
-``Degraded`` with one Event, and leaves whatever runs from an earlier valid spec running.
+(``server_args``). The parser sees ``serve_args``: not the flags of a pipeline or of a
+LeaderWorkerSet's group (``deployment.pipeline_args``, ``leader_worker_set.group_args``), whose
+values the operator sets (``parallelism_problem`` checks the sizes) or the kubelet expands from
+the group's variables (``$(LWS_GROUP_SIZE)``, which no parser can read). A failed check
+raises ``InvalidSpec``: the operator reports it as ``Degraded`` with one Event, and leaves
+whatever runs from an earlier valid spec running.
 """
 
 from typing import Any
@@ -19,6 +23,7 @@ from kvserve.operator.spec import (
     ModelSource,
     adapters_problem,
     parse_spec,
+    pods_per_replica,
 )
 
 
@@ -35,6 +40,12 @@ def validated(owner: dict[str, Any]) -> tuple[LLMDeploymentSpec, ModelSource]:
     adapters = adapters_problem(spec, name)
     if adapters is not None:
         raise InvalidSpec(adapters)
+    pods = pods_per_replica(spec)
+    if spec.adapters and pods > 1:
+        raise InvalidSpec(
+            f"adapters are not served by a replica of {pods} pods (a LeaderWorkerSet group) "
+            "yet: serve them from replicas of one pod"
+        )
     owned = owned_flags_problem(spec.extra_args)
     if owned is not None:
         raise InvalidSpec(owned)

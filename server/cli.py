@@ -4,6 +4,7 @@ A flag on the command line beats its environment variable, which beats the defau
 """
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,41 @@ def _env_bool(name: str, text: str) -> bool:
     if text.lower() in _TRUE | _FALSE:
         return text.lower() in _TRUE
     raise SystemExit(f"kvserve: {name} must be true or false, not {text!r}")
+
+
+def env_words(name: str, text: str) -> list[str]:
+    """The values of a list setting's environment variable: a JSON array (each string as it
+    is, each object as its JSON text), or words apart by whitespace (newlines included) where a
+    word that opens a JSON object runs to the object's end, spaces inside it kept."""
+    decoder = json.JSONDecoder()
+    if text.lstrip().startswith("["):
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"kvserve: {name} is not a JSON array: {exc}") from exc
+        if not all(isinstance(v, str | dict) for v in values):
+            raise SystemExit(f"kvserve: {name}: a JSON array of strings and objects, got {text!r}")
+        return [v if isinstance(v, str) else json.dumps(v) for v in values]
+    words: list[str] = []
+    at = 0
+    while True:
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at == len(text):
+            return words
+        if text[at] == "{":
+            try:
+                _, end = decoder.raw_decode(text, at)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"kvserve: {name}: invalid JSON object: {exc}") from exc
+            if end < len(text) and not text[end].isspace():
+                raise SystemExit(f"kvserve: {name}: {text[at:]!r}: no space after a JSON object")
+        else:
+            end = at
+            while end < len(text) and not text[end].isspace():
+                end += 1
+        words.append(text[at:end])
+        at = end
 
 
 def _add_flag(parser: argparse.ArgumentParser, d: Declared) -> argparse.Action:
@@ -73,7 +109,7 @@ def serve_parser(
         elif action.nargs is not None:
             assert action.type is not None and not isinstance(action.type, str)
             try:
-                action.default = [action.type(word) for word in text.split()]
+                action.default = [action.type(word) for word in env_words(d.env, text)]
             except argparse.ArgumentTypeError as exc:
                 raise SystemExit(f"kvserve: {d.env}: {exc}") from exc
         else:
@@ -109,10 +145,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _serve_headless(args: argparse.Namespace) -> int:
+    """A worker node's ranks alone (``--headless``): no API server."""
+    import logging
+
+    from kvserve.engine.executor.headless import run_headless
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = engine_config(args)
+    except ValueError as exc:
+        raise SystemExit(f"kvserve: {exc}") from exc
+    return run_headless(config)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
+        if args.headless:
+            return _serve_headless(args)
         if args.enable_auto_tool_choice and args.tool_call_parser is None:
             parser.error("--enable-auto-tool-choice requires --tool-call-parser")
         if args.collect_detailed_traces and args.otlp_traces_endpoint is None:

@@ -52,6 +52,31 @@ GEMMA4 = dict(
     },
 )
 
+KV_SHARED = dict(
+    num_hidden_layers=5,
+    layer_types=[
+        "sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+        "full_attention",
+    ],
+    num_kv_shared_layers=2,
+    attention_k_eq_v=True,
+    num_global_key_value_heads=2,
+    use_double_wide_mlp=True,
+)  # fmt: skip
+"""Gemma 4's layer sharing: layers 3 (sliding) and 4 (global) read the keys and values of
+layers 1 and 2 and have twice as wide MLPs; the global layers' values are their keys."""
+
+GLOBAL_HEAD = dict(global_head_dim=32)
+"""A global layer of twice the sliding layers' head size: a page holds both sliding layers
+or the global one (64 elements a token)."""
+
+KEYS_AS_VALUES = dict(KV_SHARED, global_head_dim=32, num_global_key_value_heads=1)
+"""KV sharing with global layers of one kv head of 32: as many elements as a sliding layer
+(2 x 16), in another shape."""
+
+EXPERTS = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=48)
+"""Gemma 4's MoE variant: 4 GeGLU experts, 2 a token, beside each layer's dense MLP."""
+
 PER_LAYER_INPUTS = dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=512)
 """Gemma 4's per-layer input embeddings, 8 wide, a table row for every token."""
 
@@ -117,10 +142,11 @@ def build_gemma4_any_to_text(path: Path, seed: int = 0) -> Path:
 
 
 def draw_norms(path: Path, seed: int, around: float) -> None:
-    """Each norm weight and layer scalar: ``around`` (its init) plus noise of scale 0.3."""
+    """Each norm weight, layer scalar and Gemma 4 router scale: ``around`` (its init) plus
+    noise of scale 0.3."""
     weights = load_file(path / "model.safetensors")
     generator = torch.Generator().manual_seed(seed)
     for name, tensor in weights.items():
-        if name.endswith(("norm.weight", "layer_scalar")):
+        if name.endswith(("norm.weight", "layer_scalar", "router.scale", "per_expert_scale")):
             weights[name] = around + torch.randn(tensor.shape, generator=generator) * 0.3
     save_file(weights, path / "model.safetensors", {"format": "pt"})

@@ -28,6 +28,7 @@ from kvserve.engine.kernels import (
     triton_delta_rule,
     triton_fp8_gemm,
     triton_fused,
+    triton_lora,
     triton_w4a16,
 )
 
@@ -39,6 +40,7 @@ MODULES = (
     triton_fp8_gemm,
     triton_delta_rule,
     triton_causal_conv1d,
+    triton_lora,
 )
 INDEX_POINTERS = {
     "block_tables_ptr": "*i32",

@@ -14,6 +14,10 @@ from kvserve.engine.layers import fused_ops
 from kvserve.engine.layers.cpu_linear import packed_linear
 from kvserve.engine.llm_engine import LLMEngine
 
+from checkpoints import build_checkpoint
+from gemma_checkpoints import build_gemma3
+from hybrid_checkpoints import build_qwen3_5
+
 pytestmark = pytest.mark.skipif(not cpu_library.available(), reason="needs the C kernels")
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17, 18, 19, 20], [21, 22]]
@@ -22,9 +26,14 @@ MAX_TOKENS = [9, 4, 9, 6]  # decode batches of 4, then 3, then 2 sequences
 
 def run(checkpoint, family: str, dtype: str, enforce_eager: bool):
     """Every step's logits, and the engine, over PROMPTS (one prefill step, then decodes)."""
+    return run_path(checkpoint(family), dtype, enforce_eager)
+
+
+def run_path(path, dtype: str, enforce_eager: bool):
+    """``run`` on the checkpoint at ``path``."""
     engine = LLMEngine(
         EngineConfig(
-            model=str(checkpoint(family)),
+            model=str(path),
             dtype=dtype,
             device="cpu",
             enforce_eager=enforce_eager,
@@ -87,6 +96,37 @@ def test_replayed_decode_steps_give_the_eager_logits_bit_for_bit(
     assert (sorted(graphs.recordings), graphs.refused) == ([1, 2, 3, 4], set())
     assert len(replays) == 8 - 3
     assert [t.shape[0] for t in replayed] == [4, 4, 4, 4, 3, 3, 2, 2, 2]
+    assert len(replayed) == len(eager)
+    for step, (ours, theirs) in enumerate(zip(replayed, eager, strict=True)):
+        assert torch.equal(ours, theirs), f"step {step}"
+
+
+HYBRID_MODELS = {
+    # two KV groups (full, windowed), every op a kernel: each size recorded, then replayed
+    "qwen2-windowed": lambda path: build_checkpoint(
+        "qwen2", path, use_sliding_window=True, sliding_window=4, max_window_layers=1
+    ),
+    # three KV groups; GeGLU's GELU computes in torch: each size's first step runs on the
+    # static buffers, then the size is refused
+    "gemma3": build_gemma3,
+    # a full-attention group and state slots; the delta rule computes in torch: as Gemma 3
+    "qwen3_5": lambda path: build_qwen3_5(path, "qwen3_5_text"),
+}
+
+
+@pytest.mark.parametrize("model", HYBRID_MODELS)
+def test_models_of_several_kv_groups_or_state_slots_decode_on_static_buffers(tmp_path, model):
+    """Each group's slot mapping and block tables, the state slots and their flags are
+    copied into static buffers: the recorded (or recording) steps give the eager logits
+    bit for bit."""
+    path = HYBRID_MODELS[model](tmp_path / model)
+    eager, _ = run_path(path, "float32", enforce_eager=True)
+    replayed, engine = run_path(path, "float32", enforce_eager=False)
+    graphs = engine.runner.forward
+    assert isinstance(graphs, CPUDecodeGraphs)
+    assert len(graphs.static.layout) == engine.model_config.num_layers
+    recorded = (sorted(graphs.recordings), graphs.refused)
+    assert recorded == (([1, 2, 3, 4], set()) if model == "qwen2-windowed" else ([], {1, 2, 3, 4}))
     assert len(replayed) == len(eager)
     for step, (ours, theirs) in enumerate(zip(replayed, eager, strict=True)):
         assert torch.equal(ours, theirs), f"step {step}"

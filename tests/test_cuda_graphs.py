@@ -15,6 +15,8 @@ from kvserve.engine.graphs.cuda_graphs import (
 from kvserve.engine.graphs.static_batch import StaticDecodeBatch
 from kvserve.engine.llm_engine import LLMEngine
 
+from checkpoints import build_checkpoint
+
 
 @pytest.mark.parametrize(
     ("max_num_seqs", "expected"),
@@ -95,12 +97,12 @@ def test_padded_static_batch_computes_the_same_rows(decoding_engine):
 
     static.fill(inputs.input_ids, inputs.positions, meta, size=4)
 
-    assert static.slot_mapping.tolist() == [*meta.slot_mapping.tolist(), -1, 3, 3, 3, 3]
+    assert static.slot_mapping[0].tolist() == [*meta.slot_mapping.tolist(), -1, 3, 3, 3, 3]
     assert static.seq_lens.tolist() == [*meta.seq_lens.tolist(), 1, 9, 9, 9, 9]
     assert static.input_ids[:3].tolist() == inputs.input_ids.tolist()
     assert static.positions[:3].tolist() == inputs.positions.tolist()
     width = meta.block_tables.shape[1]
-    assert static.block_tables[:3, :width].tolist() == meta.block_tables.tolist()
+    assert static.block_tables[0, :3, :width].tolist() == meta.block_tables.tolist()
     assert static.query_start_loc.tolist() == list(range(9))
 
     with torch.inference_mode():
@@ -120,6 +122,46 @@ def test_padded_static_batch_computes_the_same_rows(decoding_engine):
             after, before = after.flatten(0, 1), before.flatten(0, 1)
             torch.testing.assert_close(after[real], before[real], rtol=1e-5, atol=1e-6)
             assert torch.equal(after[others], before[others])
+
+
+def test_a_padded_static_batch_of_two_kv_groups_computes_the_same_rows(tmp_path):
+    """A model of two KV groups (Qwen2, its second layer windowed) on the Triton path: each
+    group's slots and tables go to its own static rows, padding writes no slot of either,
+    and the real rows equal the unpadded run."""
+    path = build_checkpoint(
+        "qwen2", tmp_path, use_sliding_window=True, sliding_window=4, max_window_layers=1
+    )
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(path), dtype="float32", attention_backend="triton", num_kv_blocks=32,
+            block_size=4,
+        )
+    )  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for i, prompt in enumerate([[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17, 18, 19]]):
+        engine.add_request(str(i), prompt, params)
+    engine.step()
+    runner = engine.runner
+    inputs = runner.prepare(engine.scheduler.schedule())
+    meta = inputs.meta
+    assert isinstance(meta, list) and runner._static_layout() == [0, 1]
+    static = StaticDecodeBatch(8, 5, runner.plan.device, runner._static_layout())
+    static.slot_mapping.fill_(3)
+
+    static.fill(inputs.input_ids, inputs.positions, meta, size=4)
+
+    for group, layer_meta in enumerate(meta):
+        expected = [*layer_meta.slot_mapping.tolist(), -1, 3, 3, 3, 3]
+        assert static.slot_mapping[group].tolist() == expected
+        width = layer_meta.block_tables.shape[1]
+        assert static.block_tables[group, :3, :width].tolist() == layer_meta.block_tables.tolist()
+    assert meta[0].block_tables.tolist() != meta[1].block_tables.tolist()  # blocks of its own
+    with torch.inference_mode():
+        expected = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, meta)
+        padded = runner.model(
+            static.input_ids[:4], static.positions[:4], runner.kv_caches, static.meta(4)
+        )
+    torch.testing.assert_close(padded[:3], expected, rtol=1e-5, atol=1e-6)
 
 
 SYNC_WARNING = "called a synchronizing CUDA operation"

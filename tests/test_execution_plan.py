@@ -59,7 +59,8 @@ def test_a_tiny_checkpoint_on_the_cpu_gets_an_exact_plan(checkpoint):
         "kv_cache_dtype": torch.float32,  # the model's (--kv-cache-dtype auto)
         "kv_block_bytes": FLOAT32_BLOCK_BYTES,
         "num_kv_blocks": 3 * 7,  # max_num_seqs full contexts of ceil(100 / 16) blocks
-        "kv_groups": (KVGroup("full_attention", None, (0, 1)),),  # one: a dense model
+        # one: a dense model's layers, 2 kv heads x 16 elements a token each
+        "kv_groups": (KVGroup("full_attention", None, (0, 1), 32),),
         "max_blocks_held_per_seq": 7,
         "num_state_slots": 0,  # no linear-attention layers
         "state_slot_bytes": 0,
@@ -103,6 +104,12 @@ def test_the_checkpoint_and_the_device_decide_what_auto_means(checkpoint):
     plan = plan_execution(EngineConfig(model=path, device="cpu"), windowed)
     assert plan.max_model_len == half.max_position_embeddings
     assert [(g.kind, g.window) for g in plan.kv_groups] == [("sliding_attention", 64)]
+    # two KV groups: each has static buffers of its own in a captured or recorded step
+    hybrid = dataclasses.replace(half, layer_windows=(64, None))
+    on_cuda = plan_execution(EngineConfig(model=path, device="cuda"), hybrid)
+    on_cpu = plan_execution(EngineConfig(model=path, device="cpu"), hybrid, AVX512_BF16)
+    assert len(on_cuda.kv_groups) == 2 and on_cuda.cuda_graphs
+    assert on_cpu.cpu_graphs == cpu_library.available()
 
 
 def test_a_model_sharded_over_several_ranks_runs_every_step_eagerly(checkpoint, monkeypatch):

@@ -15,7 +15,16 @@ from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models.model_config import ModelConfig, RopeConfig
 
-from gemma_checkpoints import PER_LAYER_INPUTS, WINDOW, build_gemma4, build_gemma4_any_to_text
+from gemma_checkpoints import (
+    EXPERTS,
+    GLOBAL_HEAD,
+    KEYS_AS_VALUES,
+    KV_SHARED,
+    PER_LAYER_INPUTS,
+    WINDOW,
+    build_gemma4,
+    build_gemma4_any_to_text,
+)
 from reference import assert_greedy_match, hf_greedy
 
 CHUNKED = dict(block_size=4, max_num_batched_tokens=13, enable_prefix_caching=True)
@@ -67,6 +76,86 @@ def test_per_layer_input_embeddings_match_transformers(gemma4_ple):
         greedy_matches(gemma4_ple, settings, prompts)
 
 
+@pytest.fixture(scope="module")
+def gemma4_kv_shared(tmp_path_factory):
+    # with per-layer inputs, as the checkpoints that share KV have them (transformers' KV
+    # sharing also slices them, and fails without)
+    path = tmp_path_factory.mktemp("gemma4-kv-shared")
+    return build_gemma4(path, seed=4, **KV_SHARED, **PER_LAYER_INPUTS)
+
+
+def test_kv_shared_layers_and_keys_as_values_match_transformers(gemma4_kv_shared):
+    """Layers 3 and 4 keep no blocks (three groups of the three owning kinds' layers) and
+    project queries only; the global layers project no values."""
+    cfg = ModelConfig.from_dir(gemma4_kv_shared)
+    assert (cfg.kv_owners, cfg.kv_shared_layers) == ((0, 1, 2, 1, 2), (3, 4))
+    assert cfg.gemma is not None and (cfg.gemma.k_eq_v, cfg.gemma.double_wide_mlp) == (True, True)
+    for scenario, settings in SCENARIOS.items():
+        prompts = make_prompts(seed=56, shared_prefixes=scenario != "default-settings")
+        engine = greedy_matches(gemma4_kv_shared, settings, prompts)
+        assert [(g.kind, g.window, g.layers) for g in engine.kv.groups] == [
+            ("full_attention", None, (2,)),
+            ("sliding_attention", WINDOW, (0,)),
+            ("sliding_attention", WINDOW, (1,)),
+        ]
+        if scenario != "default-settings":
+            assert engine.stats.num_preemptions > 0 and engine.stats.prefix_cache_hits > 0
+    model = engine.runner.model
+    parts = [layer.self_attn.qkv_proj.parts for layer in model.layers]
+    assert parts == ["qkv", "qkv", "qk", "q", "q"]
+    widths = [layer.mlp.down_proj.in_features for layer in model.layers]
+    assert widths == [128, 128, 128, 256, 256]
+    runner = engine.runner
+    assert runner.kv_caches[3] is runner.kv_caches[1] and runner.kv_caches[4] is runner.kv_caches[2]
+
+
+@pytest.mark.parametrize("fields", ["global-head", "keys-as-values"])
+def test_global_layers_of_another_head_shape_share_pages_of_equal_bytes(tmp_path, fields):
+    """global_head_dim 32 (sliding: 16): the global layer's 64 elements a token fill a page
+    as both sliding layers' do, so they are one group; with one global kv head its layers
+    have a sliding layer's 32 elements in another shape. Each layer's cache is its slice of
+    the pages, and the tokens are transformers'."""
+    extra = {"global-head": GLOBAL_HEAD, "keys-as-values": KEYS_AS_VALUES | PER_LAYER_INPUTS}
+    path = build_gemma4(tmp_path / fields, seed=5, **extra[fields])
+    cfg = ModelConfig.from_dir(path)
+    global_shape = (2, 32) if fields == "global-head" else (1, 32)
+    layers = cfg.num_layers
+    types = (WINDOW, WINDOW, None, WINDOW, None)[:layers]
+    assert cfg.layer_kv_shapes == tuple(global_shape if w is None else (2, 16) for w in types)
+    for scenario, settings in SCENARIOS.items():
+        prompts = make_prompts(seed=57, shared_prefixes=scenario != "default-settings")
+        engine = greedy_matches(path, settings, prompts)
+        if scenario != "default-settings":
+            assert engine.stats.num_preemptions > 0 and engine.stats.prefix_cache_hits > 0
+    groups = [(g.kind, g.layers, g.token_elements) for g in engine.kv.groups]
+    if fields == "global-head":
+        assert groups == [("full_attention", (2,), 64), ("sliding_attention", (0, 1), 32)]
+    else:
+        assert groups == [
+            ("full_attention", (2,), 32),
+            ("sliding_attention", (0,), 32),
+            ("sliding_attention", (1,), 32),
+        ]
+    keys = [key for key, _ in engine.runner.kv_caches]
+    assert keys[2].shape[1:] == (4, *global_shape) and keys[0].shape[1:] == (4, 2, 16)
+    assert keys[0].data_ptr() == keys[2].data_ptr()  # the first slice of the same pages
+    # a sliding layer's cache steps over the other's slice from block to block
+    assert keys[1].is_contiguous() == (fields == "keys-as-values")
+
+
+def test_experts_beside_the_dense_mlp_match_transformers(tmp_path):
+    """enable_moe_block: each layer routes its stream to 2 of 4 GeGLU experts (router and
+    per-expert scales drawn away from 1) beside its dense MLP."""
+    path = build_gemma4(tmp_path / "moe", seed=6, **EXPERTS)
+    cfg = ModelConfig.from_dir(path)
+    assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.top_k) == (4, 2)
+    for scenario, settings in SCENARIOS.items():
+        prompts = make_prompts(seed=58, shared_prefixes=scenario != "default-settings")
+        engine = greedy_matches(path, settings, prompts)
+    layer = engine.runner.model.layers[0]
+    assert (layer.experts.activation, layer.experts.layout) == ("gelu_tanh", "gate_up")
+
+
 def test_prompts_of_1_to_200_tokens_match_transformers_in_chunks_that_split_windows(gemma4):
     rng = random.Random(53)
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 2, 9, 77, 200)]
@@ -102,34 +191,19 @@ def test_the_config_reads_gemma4s_layers_and_ropes(gemma4):
     ("fields", "message"),
     [
         (
-            dict(num_kv_shared_layers=1),
-            r"^num_kv_shared_layers=1 is not supported \(Gemma 4 keys and values shared across "
-            r"layers\)$",
-        ),
-        (
-            dict(enable_moe_block=True),
-            r"^enable_moe_block=True is not supported \(Gemma 4 mixture-of-experts blocks\)$",
-        ),
-        (
-            dict(attention_k_eq_v=True),
-            r"^attention_k_eq_v=True is not supported \(Gemma 4 keys used as values\)$",
-        ),
-        (
             dict(use_bidirectional_attention="all"),
             r"^use_bidirectional_attention='all' is not supported \(Gemma 4 bidirectional "
-            r"attention\)$",
+            r"attention; 'vision', for image tokens only, is served for text\)$",
         ),
-        (dict(global_head_dim=32), r"another head size or kv head count \(global_head_dim: "),
         (
-            dict(per_layer_config={"2": {"head_dim": 32}}),
-            r"another head size .* \(per_layer_config\[2\]: \{'head_dim': 32\}\) than "
-            r"head_dim=16, num_key_value_heads=2",
+            dict(num_kv_shared_layers=3),
+            r"^num_kv_shared_layers=3 leaves no earlier layer of each type of the 3 layers to "
+            r"share keys and values from$",
         ),
     ],
 )
 def test_a_feature_not_served_is_refused_naming_its_field(gemma4, fields, message):
     raw = json.loads((gemma4 / "config.json").read_text())
-    raw = {k: v for k, v in raw.items() if k != "per_layer_config"} | {"global_head_dim": 16}
     ModelConfig.from_dict(raw)  # served as it is
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_dict({**raw, **fields})

@@ -5,11 +5,13 @@ import pytest
 from kvserve.engine.core.kv_groups import (
     FULL,
     LINEAR,
+    SHARED,
     SLIDING,
     KVGroup,
     LayerKind,
     group_size,
     kv_groups,
+    page_elements,
 )
 
 F, S, L = LayerKind(FULL), LayerKind(SLIDING, 8), LayerKind(LINEAR)
@@ -35,6 +37,28 @@ def test_kinds_are_cut_into_groups_the_size_of_the_smallest_kind_full_attention_
 def test_linear_layers_keep_no_blocks_and_different_windows_are_different_groups():
     groups = kv_groups([L, LayerKind(SLIDING, 4), L, S])
     assert groups == (KVGroup(SLIDING, 4, (1,)), KVGroup(SLIDING, 8, (3,)))
+
+
+def test_kv_shared_layers_keep_no_blocks_and_do_not_size_the_groups():
+    groups = kv_groups([S, S, F, LayerKind(SHARED), LayerKind(SHARED)])
+    assert groups == (
+        KVGroup(FULL, None, (2,)),
+        KVGroup(SLIDING, 8, (0,)),
+        KVGroup(SLIDING, 8, (1,)),
+    )
+    assert group_size(groups) == 1
+
+
+def test_layers_of_several_shapes_fill_pages_of_equal_bytes():
+    """Gemma-4-31B-shaped: 50 sliding layers of 16 kv heads x 256, 10 global of 4 x 512 (half
+    the elements): a page holds 5 sliding layers or all 10 global ones."""
+    sliding, full = LayerKind(SLIDING, 1024, 16 * 256), LayerKind(FULL, None, 4 * 512)
+    kinds = ([sliding] * 5 + [full]) * 10
+    groups = kv_groups(kinds)
+    assert groups[0] == KVGroup(FULL, None, tuple(range(5, 60, 6)), 2048)
+    assert [len(g.layers) for g in groups] == [10] + [5] * 10
+    assert groups[1] == KVGroup(SLIDING, 1024, (0, 1, 2, 3, 4), 4096)
+    assert page_elements(groups) == 5 * 4096 == 10 * 2048
 
 
 def test_a_query_skips_the_blocks_wholly_before_its_window():

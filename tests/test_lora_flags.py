@@ -27,6 +27,41 @@ def test_lora_modules_take_name_path_and_json(monkeypatch):
 
 
 @pytest.mark.parametrize(
+    "value",
+    [
+        'a=/p/a\n{"name": "b b", "path": "/p/b b", "base_model_name": "m"}\n c=/p/c',
+        '  a=/p/a {"name": "b b", "path": "/p/b b", "base_model_name": "m"}\tc=/p/c\n',
+        '["a=/p/a", {"name": "b b", "path": "/p/b b", "base_model_name": "m"}, "c=/p/c"]',
+    ],
+    ids=["lines", "spaces", "json-array"],
+)
+def test_lora_modules_from_the_environment_keep_json_objects_whole(monkeypatch, value):
+    monkeypatch.setenv("KVSERVE_LORA_MODULES", value)
+    assert build_parser().parse_args(["serve"]).lora_modules == [
+        LoRAModule("a", "/p/a"),
+        LoRAModule("b b", "/p/b b", "m"),
+        LoRAModule("c", "/p/c"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('{"name": "a", "path": "/p/a"', "KVSERVE_LORA_MODULES: invalid JSON object: Expecting"),
+        ('{"name": "a", "path": "/p"}x', "no space after a JSON object"),
+        ('["a=/p/a", 3]', "a JSON array of strings and objects"),
+        ("[a=/p/a]", "KVSERVE_LORA_MODULES is not a JSON array"),
+        ('{"name": "a"}', "KVSERVE_LORA_MODULES: --lora-modules "),
+    ],
+)
+def test_a_bad_lora_modules_variable_stops_the_cli_naming_it(monkeypatch, value, message):
+    monkeypatch.setenv("KVSERVE_LORA_MODULES", value)
+    with pytest.raises(SystemExit) as stopped:
+        build_parser()
+    assert str(stopped.value.code).startswith("kvserve: ") and message in str(stopped.value.code)
+
+
+@pytest.mark.parametrize(
     ("value", "words"),
     [
         ("a", "expected name=path or a JSON object"),

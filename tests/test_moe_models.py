@@ -57,6 +57,24 @@ def test_greedy_matches_transformers(checkpoint, family, scenario):
         assert engine.stats.num_preemptions > 0 and engine.stats.prefix_cache_hits > 0
 
 
+def test_qwen2_moe_without_qkv_bias_loads_no_bias_and_matches_transformers(tmp_path):
+    """``qkv_bias: false`` builds q/k/v without biases (the checkpoint has none to load)."""
+    fields = dict(MOE_FAMILIES["qwen2_moe"][1], qkv_bias=False)
+    path = str(build_checkpoint("qwen2_moe", tmp_path / "q", **fields))
+    assert not any(name.endswith("_proj.bias") for name in load_file(f"{path}/model.safetensors"))
+    model = load(path)
+    assert all(layer.self_attn.qkv_proj.bias is None for layer in model.layers)
+    engine = LLMEngine(
+        EngineConfig(
+            model=path, dtype="float32", **SCENARIOS["chunked-prefill-preemption-prefix-cache"]
+        )
+    )
+    prompts = make_prompts(seed=3, shared_prefixes=True)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    for prompt, got in zip(prompts, run(engine, prompts, params), strict=True):
+        assert_greedy_match(path, prompt, hf_greedy(path, prompt, MAX_TOKENS), got)
+
+
 def test_each_layer_gets_the_mlp_its_config_says(checkpoint):
     """qwen3_moe: layer 1 in mlp_only_layers; qwen3_moe-norm-topk: decoder_sparse_step 2,
     layers 1 and 3 sparse; qwen2_moe: a shared expert; Mixtral: renormalised top-k."""

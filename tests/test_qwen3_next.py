@@ -19,6 +19,8 @@ from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.core.request import Request
 from kvserve.engine.core.scheduler import SchedulerOutput
+from kvserve.engine.execution_plan import plan_execution
+from kvserve.engine.kernels import cpu_library
 from kvserve.engine.kv_cache_sizing import profile_query_lens, profile_step
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.linear_attention.metadata import StateMetadata
@@ -82,7 +84,11 @@ def test_the_plan_gives_each_sequence_a_state_slot(qwen3_next):
     slot_bytes = 2 * (64 * 3 * 4 + 4 * 8 * 8 * 4)
     assert (engine.plan.num_state_slots, engine.plan.state_slot_bytes) == (3, slot_bytes)
     assert f"3 state slots x {slot_bytes} bytes" in str(engine.plan)
-    assert not (engine.plan.cuda_graphs or engine.plan.cpu_graphs)
+    # recorded CPU decode steps copy the state slots into static buffers; a CUDA graph's
+    # padding rows would need a scratch slot: none on CUDA
+    assert engine.plan.cpu_graphs == cpu_library.available()
+    on_cuda = plan_execution(EngineConfig(model=str(qwen3_next), device="cuda"), cfg)
+    assert (on_cuda.backend.name, on_cuda.cuda_graphs) == ("triton", False)
     assert engine.kv.slots is not None and engine.kv.slots.num_slots == 3
     states = [engine.runner.kv_caches[i] for i in (0, 2)]
     assert [tuple(t.shape) for t in states[0]] == [(3, 64, 3), (3, 4, 8, 8)]

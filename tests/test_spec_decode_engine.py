@@ -143,16 +143,18 @@ def test_an_aborted_request_says_nothing_more(llms):
     assert_all_released(engine)
 
 
-def test_two_ranks_verify_drafts_as_one(checkpoint, llms):
-    """Tensor parallelism: the verification step's inputs go to both ranks like any step's."""
+@pytest.mark.parametrize("parallel", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_two_ranks_verify_drafts_as_one(checkpoint, llms, parallel):
+    """Tensor parallelism: the verification step's inputs go to both ranks like any step's;
+    pipeline stages: its micro-batches keep their requests' drafts and draft rows."""
     plain, _ = llms
     tp2 = LLM(
         str(checkpoint("llama")),
         dtype="float32",
         num_kv_blocks=128,
         block_size=4,
-        tensor_parallel_size=2,
         speculative_config=NGRAM,
+        **{parallel: 2},
     )
     try:
         for p in (

@@ -114,17 +114,18 @@ class BlockPool:
         parent_hash: BlockHash | None,
         token_ids: Sequence[int],
         group: int = 0,
+        lora_id: int | None = None,
         lora_name: str | None = None,
     ) -> None:
         """Make a full block of ``group`` (``token_ids``, after the block keyed
-        ``parent_hash``, of LoRA adapter ``lora_name`` if any) findable by its hash (first
-        writer wins on a duplicate)."""
+        ``parent_hash``, of LoRA adapter ``lora_name`` numbered ``lora_id`` if any) findable
+        by its hash (first writer wins on a duplicate)."""
         index = self._cached[group]
         if self.enable_caching and block.block_hash is None and block_hash not in index:
             block.block_hash, block.group = block_hash, group
             index[block_hash] = block
             if self.events is not None and group == 0:
-                self.events.stored(block_hash, parent_hash, list(token_ids), lora_name)
+                self.events.stored(block_hash, parent_hash, list(token_ids), lora_id, lora_name)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block, if no block is in use (else False and no change)."""

@@ -192,7 +192,13 @@ class KVCacheManager:
                 if index >= request.num_skipped_blocks[group]:
                     block = self.pool.blocks[table[index]]
                     self.pool.cache(
-                        block, block_hash, parent, block_tokens, group, request.lora_name
+                        block,
+                        block_hash,
+                        parent,
+                        block_tokens,
+                        group,
+                        request.lora_id,
+                        request.lora_name,
                     )
             request.block_hashes.append(block_hash)
 

@@ -95,6 +95,10 @@ class Request:
         return None if self.lora is None else self.lora.name
 
     @property
+    def lora_id(self) -> int | None:
+        return None if self.lora is None else self.lora.lora_int_id
+
+    @property
     def prefix_root(self) -> BlockHash | None:
         """The parent key of its first block: None for the base model, its adapter's
         ``cache_key`` otherwise."""

@@ -7,6 +7,12 @@ cost); with several (``mp``) a ``MultiprocExecutor``: rank 0 still in the engine
 (the scheduler, KV manager and sampler stay where they are and the logits never cross a
 process boundary), ranks 1..N-1 in worker processes. Both answer ``execute(out)`` (logits),
 ``plan``, ``check_health()`` and ``shutdown()``.
+
+N = tensor_parallel_size x pipeline_parallel_size (``distributed.py``: rank r is
+tensor-parallel rank r % tp of stage r // tp). Across ``nnodes`` nodes the leader (node 0)
+runs the engine and its ``N / nnodes`` local ranks; every other node is headless
+(``headless.py``): its ranks meet the leader's rendezvous and take their steps over TCP
+(``node_link.py``).
 """
 
 from collections.abc import Callable

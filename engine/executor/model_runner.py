@@ -8,6 +8,7 @@ head). With one rank, ``execute`` is both, exactly the path of an engine without
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,15 +16,17 @@ import torch.distributed as dist
 
 from kvserve.engine import host_allocator
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.core.kv_groups import group_size
 from kvserve.engine.core.request import Request
 from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan
+from kvserve.engine.executor.kv_pages import layer_caches
 from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
 from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
+from kvserve.engine.graphs.static_batch import STATE
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.linear_attention.metadata import StateMetadata
+from kvserve.engine.layers.pipeline_parallel import PipelineParallel
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.lora.lora_slots import LoRASlots
 from kvserve.engine.lora.peft_adapter import LoRAAdapter
@@ -73,9 +76,11 @@ class ModelRunner:
         progress: Callable[[int, int], None] | None = None,
         startup: StartupPhases | None = None,
         tp: TensorParallel | None = None,
+        pp: PipelineParallel | None = None,
     ) -> None:
         self.startup = startup or StartupPhases()
         self.tp = tp = tp or TensorParallel()
+        self.pp = pp = pp or PipelineParallel()
         device, dtype = plan.device, plan.dtype
         with self.startup.measure("load", device):
             self.model = load_model(
@@ -88,37 +93,34 @@ class ModelRunner:
                 progress,
                 plan.packed_linears,
                 tp=tp,
+                pp=pp,
             )
         self.lora: LoRASlots | None = None
         if config.enable_lora:
             self.lora = LoRASlots(self.model, config.max_loras, config.max_lora_rank, device)
         with self.startup.measure("kv_alloc", device):
             if plan.num_kv_blocks is None:
+                if pp.size > 1:
+                    raise ValueError(
+                        "pipeline_parallel_size > 1 needs the KV cache's size set "
+                        "(num_kv_blocks or kv_cache_memory_gb): a stage is not profiled"
+                    )
                 plan = plan.with_measured_kv_blocks(self.model, config)
+                plan = dataclasses.replace(plan, num_kv_blocks=self._fewest(plan))
+            elif pp.size > 1:  # each stage sized its blocks by its own layers
                 plan = dataclasses.replace(plan, num_kv_blocks=self._fewest(plan))
             self.plan = plan
             assert plan.num_kv_blocks is not None
-            shape = (
+            self.kv_caches, self.layer_groups = layer_caches(
+                model_config,
+                plan.kv_groups,
                 plan.num_kv_blocks,
                 plan.block_size,
-                tp.kv_heads(model_config.num_kv_heads),
-                model_config.head_dim,
+                plan.kv_cache_dtype,
+                device,
+                tp,
+                pp.layers(model_config.num_layers) if pp.size > 1 else None,
             )
-            kv_dtype = plan.kv_cache_dtype
-            pages = [
-                (
-                    torch.zeros(shape, dtype=kv_dtype, device=device),
-                    torch.zeros(shape, dtype=kv_dtype, device=device),
-                )
-                for _ in range(group_size(plan.kv_groups))
-            ]
-            # a group's i-th layer keeps its keys and values in the i-th tensor pair
-            self.kv_caches = [pages[0]] * model_config.num_layers
-            self.layer_groups = [0] * model_config.num_layers
-            for index, group in enumerate(plan.kv_groups):
-                for position, layer in enumerate(group.layers):
-                    self.kv_caches[layer] = pages[position]
-                    self.layer_groups[layer] = index
             self.linear_layers = model_config.linear_layers
             if plan.num_state_slots:
                 assert model_config.gated_delta_net is not None
@@ -133,24 +135,40 @@ class ModelRunner:
             host_allocator.keep_step_memory()
         self.forward: Callable[..., torch.Tensor] = self.model
         with self.startup.measure("warmup", device):
+            layout = self._static_layout()
             if plan.cuda_graphs:
                 sizes = capture_sizes(config.max_num_seqs)
                 self.forward = DecodeGraphs(
-                    self.model, self.kv_caches, sizes, plan.max_blocks_per_seq, device
+                    self.model, self.kv_caches, sizes, plan.max_blocks_per_seq, device, layout
                 )
             elif plan.cpu_graphs:
                 self.forward = CPUDecodeGraphs(
-                    self.model, self.kv_caches, config.max_num_seqs, plan.max_blocks_per_seq
+                    self.model,
+                    self.kv_caches,
+                    config.max_num_seqs,
+                    plan.max_blocks_per_seq,
+                    layout=layout,
                 )
             self._warm_up()
+
+    def _static_layout(self) -> list[int]:
+        """Each layer's KV group or ``STATE``, as ``prepare`` lays out a step's metadata (empty
+        where it is one ``AttentionMetadata`` for every layer)."""
+        if len(self.plan.kv_groups) == 1 and not self.linear_layers:
+            return []
+        layout = list(self.layer_groups)
+        for layer in self.linear_layers:
+            layout[layer] = STATE
+        return layout
 
     def _fewest(self, plan: ExecutionPlan) -> int:
         """The fewest KV blocks any rank measured room for."""
         assert plan.num_kv_blocks is not None
-        if self.tp.size == 1:
+        group = self.pp.group if self.pp.size > 1 else self.tp.group
+        if group is None:
             return plan.num_kv_blocks
         count = torch.tensor([plan.num_kv_blocks], dtype=torch.int64, device=plan.device)
-        dist.all_reduce(count, op=dist.ReduceOp.MIN, group=self.tp.group)
+        dist.all_reduce(count, op=dist.ReduceOp.MIN, group=group)
         return int(count.item())
 
     def _warm_up(self) -> None:
@@ -296,6 +314,8 @@ class ModelRunner:
         MLP (see ``DecoderLM.forward``). With a draft model, it computes its KV for the same
         tokens too."""
         rows = None if inputs.every_row else inputs.logits_indices
+        if self.pp.size > 1:
+            return self._run_stage(inputs, rows)
         if self.lora is not None:
             # the LoRA layers' row groups span the whole batch: every row runs every layer
             for slot, adapter in inputs.lora_fills:
@@ -310,4 +330,57 @@ class ModelRunner:
             logits = self.model.logits(hidden)
         if self.draft is not None:  # the draft's KV for the same tokens (speculative decoding)
             self.draft.forward_step(inputs.input_ids, inputs.positions, inputs.meta)
+        return logits
+
+    def _run_stage(self, inputs: StepInputs, rows: torch.Tensor | None) -> torch.Tensor:
+        """This pipeline stage's part of the step (``_stage_forward``); the logits on the
+        last stage and on world rank 0 (which receives them), an empty tensor elsewhere."""
+        logits = self._stage_forward(inputs, rows)
+        if logits is not None:
+            return logits
+        if self.pp.is_first and self.pp.tp_rank == 0:
+            return self._recv_logits(inputs, rows)
+        return inputs.positions.new_empty(0, dtype=torch.float32)
+
+    def run_micro_batches(self, batches: list[StepInputs]) -> list[torch.Tensor]:
+        """World rank 0 of a pipeline: each micro-batch through this first stage, its sends
+        left in flight so that the next one is computed while the next stage runs it; then
+        every micro-batch's logits, from the last stage."""
+        pending: list[Any] = []
+        rows = [None if b.every_row else b.logits_indices for b in batches]
+        for inputs, batch_rows in zip(batches, rows, strict=True):
+            self._stage_forward(inputs, batch_rows, pending)
+        logits = [self._recv_logits(b, r) for b, r in zip(batches, rows, strict=True)]
+        self.pp.wait_all(pending)
+        return logits
+
+    def _recv_logits(self, inputs: StepInputs, rows: torch.Tensor | None) -> torch.Tensor:
+        count = len(inputs.input_ids) if rows is None else len(rows)
+        return self.pp.recv_logits(count, self.model.config.vocab_size, self.plan.device)
+
+    @torch.inference_mode()
+    def _stage_forward(
+        self, inputs: StepInputs, rows: torch.Tensor | None, pending: list[Any] | None = None
+    ) -> torch.Tensor | None:
+        """From the tokens (first stage) or the previous stage's residual stream, through
+        this stage's layers, to the next stage (None; its sends in flight in ``pending``, if
+        given) or to the logits (last stage, which sends them to world rank 0 too)."""
+        pp, model = self.pp, self.model
+        if pp.is_first:
+            hidden, residual = model.embed_tokens(inputs.input_ids), None
+        else:
+            like = torch.empty(
+                len(inputs.input_ids), model.config.hidden_size, dtype=self.plan.dtype,
+                device=self.plan.device,
+            )  # fmt: skip
+            hidden, residual = pp.recv_prev(2, like)
+        hidden, residual = model.run_layers(
+            hidden, inputs.positions, self.kv_caches, inputs.meta, rows, residual
+        )
+        if not pp.is_last:
+            pp.send_next(hidden, residual, pending=pending)
+            return None
+        logits = model.logits(residual + hidden)
+        if pp.sends_logits:
+            pp.send_logits(logits)
         return logits

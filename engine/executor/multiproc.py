@@ -1,5 +1,10 @@
-"""Tensor parallelism over processes: rank 0 in the engine's process, ranks 1..N-1 in
-worker processes (``worker.py``).
+"""Tensor and pipeline parallelism over processes: rank 0 in the engine's process, ranks
+1..N-1 in worker processes (``worker.py``): this node's, spawned here, and with several
+nodes the other nodes' (started by their headless node, ``headless.py``), which connect to
+the rendezvous at ``master_addr:master_port`` and then to this process's step listener
+(``node_link.py``) within ``distributed_timeout_seconds``, else an error names each node that
+never arrived. A rank on another node is known by its socket alone: its connection closing
+is its death, with the same consequences as a local worker's exit.
 
 Rank 0 runs in the engine's own process, on the engine thread: the scheduler, the KV-cache
 manager and the sampler stay where they are, and the logits never cross a process boundary
@@ -58,10 +63,12 @@ import torch
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.execution_plan import ExecutionPlan
-from kvserve.engine.executor import messages
-from kvserve.engine.executor.distributed import free_port, process_group, rendezvous_store
+from kvserve.engine.executor import messages, micro_batches
+from kvserve.engine.executor.distributed import RankGroups, free_port, rendezvous_store
 from kvserve.engine.executor.model_runner import ModelRunner
+from kvserve.engine.executor.node_link import NodeListener
 from kvserve.engine.executor.worker import WorkerSpec, run_worker
+from kvserve.engine.layers.pipeline_parallel import PipelineParallel
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.startup import StartupPhases
@@ -85,11 +92,38 @@ class ExecutorFailedError(RuntimeError):
 
 
 class _Worker:
-    def __init__(self, rank: int, process: BaseProcess, sock: socket.socket) -> None:
+    """A rank's process (None: on another node, known by its socket alone) and socket."""
+
+    def __init__(
+        self,
+        rank: int,
+        process: BaseProcess | None,
+        sock: socket.socket,
+        where: str = "",
+    ) -> None:
         self.rank = rank
         self.process = process
         self.sock = sock
+        self.where = where  # on another node: "node N at ADDRESS"
         self.report: str | None = None  # what it said when it failed
+        self.lost = False  # on another node: its socket closed
+
+    @property
+    def sentinels(self) -> list[socket.socket | int]:
+        return [self.sock] if self.process is None else [self.sock, self.process.sentinel]
+
+    def is_alive(self) -> bool:
+        """A local worker's process runs; a remote one's socket has nothing to read (a
+        ``Failed`` or the end of the connection)."""
+        if self.process is not None:
+            return self.process.is_alive()
+        if self.lost or self.report is not None:
+            return False
+        return not multiprocessing.connection.wait([self.sock], 0)
+
+    def join(self, timeout: float) -> None:
+        if self.process is not None:
+            self.process.join(timeout)
 
     def read_report(self, timeout: float) -> None:
         """Take a ``Failed`` the worker sent, if one comes within ``timeout``."""
@@ -103,12 +137,16 @@ class _Worker:
                 if isinstance(message, messages.Failed):
                     self.report = message.error.strip().splitlines()[-1]
         except (OSError, EOFError):
-            pass
+            self.lost = True
 
     def describe(self) -> str | None:
         """How this worker failed, or None while it runs and said nothing."""
         if self.report is not None:
             return f"tensor-parallel rank {self.rank} failed: {self.report}"
+        if self.process is None:
+            if not self.lost:
+                return None
+            return f"rank {self.rank} ({self.where}) is gone: its connection closed"
         code = self.process.exitcode
         if code is None:
             return None
@@ -127,21 +165,26 @@ class MultiprocExecutor:
         progress: Callable[[int, int], None] | None = None,
         startup: StartupPhases | None = None,
     ) -> None:
-        size = config.tensor_parallel_size
+        size, local = config.world_size, config.local_world_size
+        tp_size, pp_size = config.tensor_parallel_size, config.pipeline_parallel_size
         self.step_timeout_s = step_timeout_s = STEP_TIMEOUT_S
         self.workers: list[_Worker] = []
         self._failure: str | None = None
         self._stopped = False
         self._threads_before = torch.get_num_threads()
-        threads = max(1, self._threads_before // size)
+        threads = max(1, self._threads_before // local)
         if plan.device.type == "cpu":
             torch.set_num_threads(threads)
-        port = free_port()
+        multinode = config.nnodes > 1
+        port = config.master_port if multinode else free_port()
         startup_timeout = timedelta(seconds=STARTUP_TIMEOUT_S)
+        # the store listens on every interface; this node's ranks reach it on 127.0.0.1, so
+        # the leader never needs to resolve master_addr, the other nodes' address for it
         store = rendezvous_store(port, 0, size, startup_timeout)
+        listener = NodeListener(store, config.master_addr) if multinode else None
         context = multiprocessing.get_context("spawn")
         try:
-            for rank in range(1, size):
+            for rank in range(1, local):
                 ours, theirs = socket.socketpair()
                 spec = WorkerSpec(
                     rank, size, port, config, threads, STARTUP_TIMEOUT_S, step_timeout_s
@@ -156,14 +199,18 @@ class MultiprocExecutor:
                 theirs.close()
                 self.workers.append(_Worker(rank, process, ours))
             self._await(messages.Arrived, CONNECT_TIMEOUT_S, "did not start")
-            group = process_group(store, 0, size, plan.device, startup_timeout)
-            tp = TensorParallel(0, size, group)
+            if listener is not None:
+                self._accept(listener, range(local, size), local, config)
+            groups = RankGroups.join(store, 0, tp_size, pp_size, plan.device, startup_timeout)
+            tp = TensorParallel(0, tp_size, groups.tensor)
+            pp = PipelineParallel.of_rank(0, tp_size, pp_size).joined(groups.world)
             try:
-                self.runner = ModelRunner(config, model_config, plan, progress, startup, tp)
+                self.runner = ModelRunner(config, model_config, plan, progress, startup, tp, pp)
             except Exception as exc:
                 raise self._failed(exc) from exc
             self._await(messages.Ready, STARTUP_TIMEOUT_S, "did not load the model")
-            group._set_default_timeout(timedelta(seconds=step_timeout_s))
+            groups.set_timeout(timedelta(seconds=step_timeout_s))
+            pp.timeout = timedelta(seconds=step_timeout_s)
             for worker in self.workers:
                 worker.sock.settimeout(step_timeout_s)
         except BaseException:
@@ -172,9 +219,25 @@ class MultiprocExecutor:
         self.plan = self.runner.plan
         self.store = store  # the group's rendezvous: kept for the group's lifetime
 
+    def _accept(
+        self, listener: NodeListener, ranks: range, local: int, config: EngineConfig
+    ) -> None:
+        """The other nodes' ranks, each connected and ``Arrived`` within the rendezvous
+        timeout; else ``ExecutorFailedError`` naming the nodes that never came."""
+        try:
+            arrived = listener.accept(
+                ranks, local, config.distributed_timeout_seconds, config.master_port
+            )
+        except TimeoutError as exc:
+            raise ExecutorFailedError(str(exc)) from None
+        for rank, (sock, address) in sorted(arrived.items()):
+            where = f"node {rank // local} at {address}"
+            self.workers.append(_Worker(rank, None, sock, where))
+
     @property
     def pids(self) -> list[int]:
-        return [w.process.pid for w in self.workers if w.process.pid is not None]
+        """The local workers' process ids."""
+        return [w.process.pid for w in self.workers if w.process and w.process.pid is not None]
 
     def _await(self, kind: type, timeout: float, what: str) -> None:
         """Every worker's next message is a ``kind`` within ``timeout``, else an error that
@@ -182,33 +245,40 @@ class MultiprocExecutor:
         deadline = time.monotonic() + timeout
         for worker in self.workers:
             left = deadline - time.monotonic()
-            waits: list[socket.socket | int] = [worker.sock, worker.process.sentinel]
-            if not multiprocessing.connection.wait(waits, max(left, 0)):
+            if not multiprocessing.connection.wait(worker.sentinels, max(left, 0)):
                 raise ExecutorFailedError(
                     f"tensor-parallel rank {worker.rank} {what} within {timeout:.0f} s"
                 )
             try:
                 message = messages.receive(worker.sock)
             except (OSError, EOFError):
-                worker.process.join(FAILURE_REPORT_S)
+                worker.lost = True
+                worker.join(FAILURE_REPORT_S)
                 message = None
             if isinstance(message, messages.Failed):
                 worker.report = message.error.strip().splitlines()[-1]
                 log.error("tensor-parallel rank %d failed:\n%s", worker.rank, message.error)
             if not isinstance(message, kind):
-                worker.process.join(FAILURE_REPORT_S)
+                worker.join(FAILURE_REPORT_S)
                 raise ExecutorFailedError(worker.describe() or f"rank {worker.rank}: {message}")
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Prepare the step, send it to every worker, run rank 0's part; the logits."""
+        """Prepare the step, send it to every worker, run rank 0's part; the logits. With
+        several pipeline stages the step goes as micro-batches (``micro_batches.py``)."""
         if self._failure is not None:
             raise ExecutorFailedError(self._failure)
-        inputs = self.runner.prepare(out)
+        stages = self.runner.pp.size
+        parts = micro_batches.split(out, stages) if stages > 1 else [out]
+        batches = [self.runner.prepare(part) for part in parts]
         try:
-            frame = messages.frame(messages.Step.of(inputs))
-            for worker in self.workers:
-                worker.sock.sendall(frame)
-            logits = self.runner.run(inputs)
+            for inputs in batches:
+                frame = messages.frame(messages.Step.of(inputs))
+                for worker in self.workers:
+                    worker.sock.sendall(frame)
+            if len(batches) == 1:
+                logits = self.runner.run(batches[0])
+            else:
+                logits = micro_batches.join_logits(parts, self.runner.run_micro_batches(batches))
         except Exception as exc:
             raise self._failed(exc) from exc
         self.check_health()  # a non-blocking waitpid per worker: a few µs
@@ -216,7 +286,7 @@ class MultiprocExecutor:
 
     def check_health(self) -> None:
         """Raise ``ExecutorFailedError`` if a worker exited or reported a failure."""
-        if self._failure is None and all(w.process.is_alive() for w in self.workers):
+        if self._failure is None and all(w.is_alive() for w in self.workers):
             return
         raise self._failed(None)
 
@@ -228,7 +298,7 @@ class MultiprocExecutor:
             for worker in self.workers:
                 worker.read_report(max(deadline - time.monotonic(), 0))
                 if worker.report is None:
-                    worker.process.join(max(deadline - time.monotonic(), 0))
+                    worker.join(max(deadline - time.monotonic(), 0))
             causes = [d for w in self.workers if (d := w.describe()) is not None]
             if not causes and exc is not None:
                 causes = [f"tensor-parallel rank 0 failed: {exc!r}"]
@@ -249,8 +319,8 @@ class MultiprocExecutor:
                 pass
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         for worker in self.workers:
-            worker.process.join(max(deadline - time.monotonic(), 0))
-            if worker.process.is_alive():
+            worker.join(max(deadline - time.monotonic(), 0))
+            if worker.process is not None and worker.process.is_alive():
                 log.warning("tensor-parallel rank %d did not stop; killing it", worker.rank)
                 worker.process.kill()
                 worker.process.join()

@@ -1,4 +1,5 @@
-"""A tensor-parallel worker process: ranks 1..N-1 of a ``MultiprocExecutor``.
+"""A worker process: ranks 1..N-1 of a ``MultiprocExecutor`` (on the leader's node), or a
+rank of a headless node (``headless.py``), which dials the leader for its step socket.
 
 Started with multiprocessing's "spawn" (a fresh interpreter: no copy of the engine's threads
 or CUDA state), it joins the process group, builds its ``ModelRunner`` (its weight shard and
@@ -24,12 +25,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.execution_plan import plan_execution
 from kvserve.engine.executor import messages
-from kvserve.engine.executor.distributed import process_group, rendezvous_store
+from kvserve.engine.executor.distributed import RankGroups, rendezvous_store
 from kvserve.engine.executor.model_runner import ModelRunner, StepInputs
+from kvserve.engine.executor.node_link import dial_leader
+from kvserve.engine.layers.pipeline_parallel import PipelineParallel
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models.model_config import ModelConfig
 
@@ -39,20 +43,32 @@ class WorkerSpec:
     rank: int
     size: int
     port: int
-    """The rendezvous store's port on 127.0.0.1 (rank 0 holds the store)."""
+    """The rendezvous store's port on ``host`` (rank 0 holds the store)."""
     config: EngineConfig
     threads: int
-    """torch threads on a CPU: the cores divided among the ranks."""
+    """torch threads on a CPU: the cores divided among the node's ranks."""
     startup_timeout_s: float
     step_timeout_s: float
+    host: str = "127.0.0.1"
+    local_rank: int | None = None
+    """Its index among its node's ranks (its CUDA device); None: ``rank``."""
 
 
-def run_worker(spec: WorkerSpec, sock: socket.socket) -> None:
-    """The worker process's entry point."""
+def run_worker(spec: WorkerSpec, sock: socket.socket | None) -> None:
+    """The worker process's entry point; ``sock`` None: a rank of a headless node, which
+    dials the leader (``node_link.dial_leader``) for its step socket."""
     _die_with_parent()
+    store = None
+    if sock is None:
+        try:
+            timeout = spec.config.distributed_timeout_seconds
+            store, sock = dial_leader(spec.host, spec.port, spec.rank, spec.size, timeout)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
     messages.send(sock, messages.Arrived(spec.rank))
     try:
-        runner = _build(spec)
+        runner = _build(spec, store)
         messages.send(sock, messages.Ready(spec.rank))
         while True:
             try:
@@ -72,20 +88,26 @@ def run_worker(spec: WorkerSpec, sock: socket.socket) -> None:
     os._exit(0)
 
 
-def _build(spec: WorkerSpec) -> ModelRunner:
+def _build(spec: WorkerSpec, store: dist.Store | None) -> ModelRunner:
     config = spec.config
     model_config = ModelConfig.from_dir(config.model, config.quantization)
-    plan = plan_execution(config, model_config)
+    plan = plan_execution(config, model_config, rank=spec.rank)
     if plan.device.type == "cuda":
-        torch.cuda.set_device(spec.rank)
+        torch.cuda.set_device(spec.rank if spec.local_rank is None else spec.local_rank)
     else:
         torch.set_num_threads(spec.threads)
     timeout = timedelta(seconds=spec.startup_timeout_s)
-    store = rendezvous_store(spec.port, spec.rank, spec.size, timeout)
-    group = process_group(store, spec.rank, spec.size, plan.device, timeout)
-    tp = TensorParallel(spec.rank, spec.size, group)
-    runner = ModelRunner(config, model_config, plan, tp=tp)
-    group._set_default_timeout(timedelta(seconds=spec.step_timeout_s))
+    if store is None:
+        store = rendezvous_store(spec.port, spec.rank, spec.size, timeout, spec.host)
+    tp_size = config.tensor_parallel_size
+    groups = RankGroups.join(
+        store, spec.rank, tp_size, config.pipeline_parallel_size, plan.device, timeout
+    )
+    tp = TensorParallel(spec.rank % tp_size, tp_size, groups.tensor)
+    pp = PipelineParallel.of_rank(spec.rank, tp_size, config.pipeline_parallel_size)
+    runner = ModelRunner(config, model_config, plan, tp=tp, pp=pp.joined(groups.world))
+    groups.set_timeout(timedelta(seconds=spec.step_timeout_s))
+    runner.pp.timeout = timedelta(seconds=spec.step_timeout_s)
     return runner
 
 

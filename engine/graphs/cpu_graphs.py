@@ -19,7 +19,8 @@ Batches run at their own size, unpadded: on a CPU padding rows cost as much as r
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch.utils import _pytree as pytree
@@ -27,8 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvserve.engine.graphs.static_batch import StaticDecodeBatch
 from kvserve.engine.kernels import cpu_library
-from kvserve.engine.layers.attention.metadata import AttentionMetadata
-from kvserve.engine.models.decoder import DecoderLM, KVCache
+from kvserve.engine.models.decoder import DecoderLM, KVCache, StepMetadata
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +115,14 @@ class CPUDecodeGraphs:
         max_size: int,
         max_blocks_per_seq: int,
         max_bytes: int = RECORDING_BYTES,
+        layout: Sequence[int] = (),
     ) -> None:
+        """``layout``: each layer's KV group or ``STATE`` (``StaticDecodeBatch``)."""
         self.model = model
         self.kv_caches = kv_caches
         self.max_bytes = max_bytes
-        self.static = StaticDecodeBatch(max_size, max_blocks_per_seq, torch.device("cpu"))
+        cpu = torch.device("cpu")
+        self.static = StaticDecodeBatch(max_size, max_blocks_per_seq, cpu, layout)
         weight = model.embed_tokens.weight
         self.hidden = torch.empty(max_size, weight.shape[1], dtype=weight.dtype)
         self.recordings: OrderedDict[int, Recording] = OrderedDict()
@@ -130,22 +133,24 @@ class CPUDecodeGraphs:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[KVCache],
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        n = meta.num_seqs
+        first = meta[0] if isinstance(meta, list) else meta
+        n = first.num_seqs
         if (
-            meta.max_query_len != 1
+            input_ids.shape[0] != n  # not one token a sequence
             or n > self.hidden.shape[0]
             or n in self.refused
-            or meta.block_tables.shape[1] > self.static.block_tables.shape[1]
+            or not self.static.fits(meta)
             or kv_caches is not self.kv_caches
             or out_rows is not None
+            or not self.model.layers_after_embed
         ):
             return self.model(input_ids, positions, kv_caches, meta, out_rows)
         self.static.fill(input_ids, positions, meta, n)
         hidden = self.hidden[:n]
-        torch.index_select(self.model.embed_tokens.weight, 0, input_ids, out=hidden)
+        hidden.copy_(self.model.embed(input_ids))
         recording = self.recordings.get(n)
         if recording is None or recording.threads != torch.get_num_threads():
             return self._record(n, hidden, meta)
@@ -153,17 +158,11 @@ class CPUDecodeGraphs:
         recording.replay()
         return hidden + recording.hidden
 
-    def _record(self, n: int, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def _record(self, n: int, hidden: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
         """Runs the step eagerly on the static inputs, keeping its recording if it can be
         replayed and fits."""
         s = self.static
-        static_meta = replace(
-            meta,
-            slot_mapping=s.slot_mapping[:n],
-            query_start_loc=s.query_start_loc[: n + 1],
-            seq_lens=s.seq_lens[:n],
-            block_tables=s.block_tables[:n],
-        )
+        static_meta = s.bound(meta)
         self.recordings.pop(n, None)
         threads = torch.get_num_threads()
         with cpu_library.recording() as calls, _TorchOps() as ops:

@@ -8,12 +8,12 @@ the torch path reads host-side lengths that a graph would freeze.
 """
 
 import bisect
+from collections.abc import Sequence
 
 import torch
 
 from kvserve.engine.graphs.static_batch import StaticDecodeBatch
-from kvserve.engine.layers.attention.metadata import AttentionMetadata
-from kvserve.engine.models.decoder import DecoderLM, KVCache
+from kvserve.engine.models.decoder import DecoderLM, KVCache, StepMetadata
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -44,11 +44,14 @@ class DecodeGraphs:
         sizes: list[int],
         max_blocks_per_seq: int,
         device: torch.device,
+        layout: Sequence[int] = (),
     ) -> None:
+        """``layout``: each layer's KV group (``StaticDecodeBatch``; no ``STATE``: a padding
+        row would need a scratch state slot, which the plan does not keep)."""
         self.model = model
         self.kv_caches = kv_caches
         self.sizes = sizes
-        self.static = StaticDecodeBatch(sizes[-1], max_blocks_per_seq, device)
+        self.static = StaticDecodeBatch(sizes[-1], max_blocks_per_seq, device, layout)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         pool = None
@@ -70,13 +73,14 @@ class DecodeGraphs:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[KVCache],
-        meta: AttentionMetadata,
+        meta: StepMetadata,
         out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        size = padded_size(meta.num_seqs, self.sizes) if meta.max_query_len == 1 else None
-        fits = meta.block_tables.shape[1] <= self.static.block_tables.shape[1]
+        n = (meta[0] if isinstance(meta, list) else meta).num_seqs
+        size = padded_size(n, self.sizes) if input_ids.shape[0] == n else None
+        fits = self.static.fits(meta)
         if size is None or not fits or kv_caches is not self.kv_caches or out_rows is not None:
             return self.model(input_ids, positions, kv_caches, meta, out_rows)
         self.static.fill(input_ids, positions, meta, size)
         self.graphs[size].replay()
-        return self.outputs[size][: meta.num_seqs]
+        return self.outputs[size][:n]

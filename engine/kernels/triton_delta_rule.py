@@ -42,6 +42,25 @@ def _normalized(ptr, rows, row_mask, stride_t, head_offset, ks, k_mask, scale):
 
 
 @triton.jit
+def _slot_state(
+    state_ptr, slots_ptr, has_state_ptr, seq, head, ks, vs, k_mask, v_mask, stride_slot, DK, DV
+):
+    """The program's ``[BLOCK_K, BLOCK_V]`` slice of the sequence's slot: its pointers, its
+    mask, and its prior state in float32 (zeros where the sequence has none)."""
+    slot_state = (
+        state_ptr
+        + tl.load(slots_ptr + seq).to(tl.int64) * stride_slot
+        + head * DK * DV
+        + ks[:, None] * DV
+        + vs[None, :]
+    )
+    prior_rows = tl.where(tl.load(has_state_ptr + seq) != 0, DK, 0)
+    prior_mask = (ks < prior_rows)[:, None] & v_mask[None, :]
+    state = tl.load(slot_state, mask=prior_mask, other=0.0).to(tl.float32)
+    return slot_state, k_mask[:, None] & v_mask[None, :], state
+
+
+@triton.jit
 def chunked_delta_rule_kernel(
     q_ptr,
     k_ptr,
@@ -77,17 +96,9 @@ def chunked_delta_rule_kernel(
     vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     ts = tl.arange(0, BLOCK_T)
     k_mask, v_mask = ks < DK, vs < DV
-    state_mask = k_mask[:, None] & v_mask[None, :]
-    slot_state = (
-        state_ptr
-        + tl.load(slots_ptr + seq).to(tl.int64) * stride_slot
-        + head * DK * DV
-        + ks[:, None] * DV
-        + vs[None, :]
+    slot_state, state_mask, s = _slot_state(
+        state_ptr, slots_ptr, has_state_ptr, seq, head, ks, vs, k_mask, v_mask, stride_slot, DK, DV
     )
-    prior_rows = tl.where(tl.load(has_state_ptr + seq) != 0, DK, 0)
-    prior_mask = (ks < prior_rows)[:, None] & v_mask[None, :]
-    s = tl.load(slot_state, mask=prior_mask, other=0.0).to(tl.float32)
     lower = ts[:, None] >= ts[None, :]
     strictly_lower = ts[:, None] > ts[None, :]
     identity = (ts[:, None] == ts[None, :]).to(tl.float32)
@@ -164,17 +175,9 @@ def delta_rule_step_kernel(
     ks = tl.arange(0, BLOCK_K)
     vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     k_mask, v_mask = ks < DK, vs < DV
-    state_mask = k_mask[:, None] & v_mask[None, :]
-    slot_state = (
-        state_ptr
-        + tl.load(slots_ptr + seq).to(tl.int64) * stride_slot
-        + head * DK * DV
-        + ks[:, None] * DV
-        + vs[None, :]
+    slot_state, state_mask, s = _slot_state(
+        state_ptr, slots_ptr, has_state_ptr, seq, head, ks, vs, k_mask, v_mask, stride_slot, DK, DV
     )
-    prior_rows = tl.where(tl.load(has_state_ptr + seq) != 0, DK, 0)
-    prior_mask = (ks < prior_rows)[:, None] & v_mask[None, :]
-    s = tl.load(slot_state, mask=prior_mask, other=0.0).to(tl.float32)
     row = tl.full([1], 0, tl.int32) + seq
     row_mask = row >= 0
     q = tl.sum(_normalized(q_ptr, row, row_mask, stride_qt, key_head * DK, ks, k_mask, scale), 0)

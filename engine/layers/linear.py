@@ -337,7 +337,9 @@ class QKVParallelLinear(LinearBase):
     query heads and ``tp.kv_heads(num_kv_heads)`` kv heads (a share, or the one head this
     rank's query heads use when there are fewer kv heads than ranks). With ``output_gate``
     (Qwen3-Next, Qwen3.5) each query head is ``[q | gate]``, ``2 * head_dim`` rows of q_proj,
-    and ``q_size`` counts both."""
+    and ``q_size`` counts both. ``parts``: the projections it has, ``qkv``, or ``qk`` (the
+    values are the keys: Gemma 4's ``attention_k_eq_v``) or ``q`` (the layer reads another
+    layer's keys and values: Gemma 4's KV-shared layers)."""
 
     def __init__(
         self,
@@ -349,6 +351,7 @@ class QKVParallelLinear(LinearBase):
         tp: TensorParallel,
         method: LinearMethod | None = None,
         output_gate: bool = False,
+        parts: str = "qkv",
     ) -> None:
         self.num_heads = divide(num_heads, tp.size, "query heads")
         self.num_kv_heads = tp.kv_heads(num_kv_heads)
@@ -360,9 +363,13 @@ class QKVParallelLinear(LinearBase):
             self.kv_head_start = tp.rank * num_kv_heads // tp.size
         q_rows = 2 * head_dim if output_gate else head_dim
         self.q_size, self.kv_size = self.num_heads * q_rows, self.num_kv_heads * head_dim
-        super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias, tp, method)
+        if parts not in ("qkv", "qk", "q"):
+            raise ValueError(f"a q/k/v projection's parts are qkv, qk or q, not {parts!r}")
+        self.parts = parts
+        out_features = self.q_size + (len(parts) - 1) * self.kv_size
+        super().__init__(hidden_size, out_features, bias, tp, method)
         for param in self.parameters():
-            set_shard_ids(param, {"q", "k", "v"})
+            set_shard_ids(param, set(parts))
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         if shard_id == "q":

@@ -137,3 +137,7 @@ class RotaryEmbedding(torch.nn.Module):
             positions, q[..., :dim].contiguous(), k[..., :dim].contiguous(), self.cos_sin
         )
         return torch.cat([q_rot, q[..., dim:]], -1), torch.cat([k_rot, k[..., dim:]], -1)
+
+    def query(self, positions: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """``q`` alone rotated (a layer reading another layer's keys), as ``forward`` does."""
+        return self(positions, q, q[:, :1].clone())[0]

@@ -49,9 +49,7 @@ class LoRARegistry:
         return adapter
 
     def _read(self, request: LoRARequest) -> LoRAAdapter:
-        return load_peft_adapter(
-            request.lora_name, request.lora_path, self.model_config, self.max_rank
-        )
+        return load_peft_adapter(request, self.model_config, self.max_rank)
 
     def _keep(self, adapter: LoRAAdapter) -> None:
         self.loaded[adapter.name] = adapter

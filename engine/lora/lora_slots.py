@@ -13,6 +13,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from kvserve.engine.kernels.lora_segments import lora_segments
 from kvserve.engine.layers.linear import LinearBase, RowParallelLinear
 from kvserve.engine.lora.lora_linear import LoRABatch, LoRALinear
 from kvserve.engine.lora.peft_adapter import LoRAAdapter
@@ -24,7 +25,9 @@ Part = tuple[str, int]
 
 class LoRASlots:
     """Slot ``s`` of every layer holds the same adapter; ``resident`` maps an adapter's
-    serial → its slot, least recently used first; ``loads`` counts slot fills."""
+    serial → its slot, least recently used first; ``loads`` counts slot fills;
+    ``use_kernels``: the layers run the Triton kernels (on a GPU; on a CPU only under
+    Triton's interpreter, as tests run them), else the torch path."""
 
     def __init__(
         self, model: DecoderLM, max_loras: int, max_rank: int, device: torch.device
@@ -34,6 +37,7 @@ class LoRASlots:
         self.resident: OrderedDict[int, int] = OrderedDict()
         self.loads = 0
         self.device = device
+        self.use_kernels = device.type == "cuda"
         self.layers: list[tuple[int, LoRALinear, list[Part], bool]] = []
         tp = model.tp
         for index, module in enumerate(model.layers):
@@ -41,13 +45,10 @@ class LoRASlots:
             attn = layer.self_attn
             qkv = attn.qkv_proj
             kv_source = qkv.kv_head_start * qkv.head_dim
-            wrapped = self._wrap(
-                index,
-                qkv,
-                [("q_proj", tp.rank * qkv.q_size), ("k_proj", kv_source), ("v_proj", kv_source)],
-                [qkv.q_size, qkv.kv_size, qkv.kv_size],
-                max_rank,
-            )
+            parts = [("q_proj", tp.rank * qkv.q_size), ("k_proj", kv_source), ("v_proj", kv_source)]
+            sizes = [qkv.q_size, qkv.kv_size, qkv.kv_size]
+            count = len(qkv.parts)  # the projections it has: q, k and v, q and k, or q
+            wrapped = self._wrap(index, qkv, parts[:count], sizes[:count], max_rank)
             setattr(attn, "qkv_proj", wrapped)  # noqa: B010 - nn.Module registers it
             o_proj = cast(LinearBase, attn.o_proj)
             wrapped = self._wrap(index, o_proj, [("o_proj", 0)], [o_proj.out_features], max_rank)
@@ -113,11 +114,15 @@ class LoRASlots:
 
     def set_rows(self, row_slots: np.ndarray | torch.Tensor | None) -> None:
         """Group the step's rows by slot (``row_slots[i]``: row i's slot, -1 for the base
-        model; a worker gets them as a tensor); None: no row runs an adapter."""
-        self.batch.groups = []
+        model; a worker gets them as a tensor); None: no row runs an adapter. For the Triton
+        kernels (``use_kernels``) they go as ``LoRASegments``."""
+        self.batch.groups, self.batch.segments = [], None
         if row_slots is None:
             return
         row_slots = np.asarray(row_slots)
+        if self.use_kernels:
+            self.batch.segments = lora_segments(row_slots, self.device)
+            return
         present = np.unique(row_slots)
         if len(present) == 1 and present[0] >= 0:
             self.batch.groups.append((int(present[0]), None))

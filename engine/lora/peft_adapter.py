@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from kvserve.engine.lora.lora_request import LoRARequest
 from kvserve.engine.models.model_config import ModelConfig
 
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -53,7 +54,8 @@ class LoRAAdapterError(ValueError):
 @dataclass(frozen=True)
 class LoRAAdapter:
     """An adapter in host memory: per (layer, module), A ``[rank, in]`` and B ``[out, rank]``
-    already multiplied by the scaling, float32. ``serial`` tells apart two loads of one name
+    already multiplied by the scaling, float32. ``lora_int_id``: its ``LoRARequest``'s number
+    (KV events carry it as ``lora_id``). ``serial`` tells apart two loads of one name
     (device slots are keyed by it); ``cache_key`` is the parent key of a request's first
     block under this adapter (SHA-256 of its name and path), so requests of two adapters
     never share prefix-cache blocks and every pod keys them alike."""
@@ -62,6 +64,7 @@ class LoRAAdapter:
     path: str
     rank: int
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    lora_int_id: int
     serial: int = field(default_factory=lambda: next(_SERIALS))
 
     @property
@@ -84,9 +87,10 @@ def module_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     }
 
 
-def load_peft_adapter(name: str, path: str, cfg: ModelConfig, max_rank: int) -> LoRAAdapter:
-    """Read and check the adapter at ``path``; a ``LoRAAdapterError`` naming ``name`` and
-    the field, file or tensor at fault."""
+def load_peft_adapter(request: LoRARequest, cfg: ModelConfig, max_rank: int) -> LoRAAdapter:
+    """Read and check the adapter at ``request.lora_path``; a ``LoRAAdapterError`` naming
+    it and the field, file or tensor at fault."""
+    name, path = request.lora_name, request.lora_path
     where = Path(path)
     config_file, weights_file = where / "adapter_config.json", where / "adapter_model.safetensors"
     if not where.is_dir():
@@ -111,7 +115,8 @@ def load_peft_adapter(name: str, path: str, cfg: ModelConfig, max_rank: int) -> 
         raise LoRAAdapterError(
             f"LoRA adapter {name!r}: adapter_model.safetensors is unreadable: {e}"
         ) from e
-    return LoRAAdapter(name, path, rank, _pair(name, tensors, cfg, rank, scaling, targets))
+    weights = _pair(name, tensors, cfg, rank, scaling, targets)
+    return LoRAAdapter(name, path, rank, weights, request.lora_int_id)
 
 
 def _check_config(

@@ -24,13 +24,14 @@ from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.layernorm import RMSNorm
 from kvserve.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from kvserve.engine.layers.linear_attention.metadata import StateMetadata
+from kvserve.engine.layers.pipeline_parallel import PipelineParallel
 from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.quantization.linear_methods import linear_method
 
-__all__ = ["DecoderLM", "KVCache", "StepMetadata", "Switches"]
+__all__ = ["DecoderLM", "KVCache", "MissingLayer", "StepMetadata", "Switches", "build_attention"]
 
 StepMetadata = AttentionMetadata | list[AttentionMetadata | StateMetadata]
 """A step's layout for the layers: one ``AttentionMetadata`` for every layer, or each
@@ -97,6 +98,39 @@ class MLP(nn.Module):
         return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
 
 
+def build_attention(
+    cfg: ModelConfig,
+    switches: Switches,
+    rotary: RotaryEmbedding,
+    backend: AttentionBackend,
+    tp: TensorParallel,
+    prefix: str,
+    **kind: Any,
+) -> Attention:
+    """The attention of layer ``prefix`` (``model.layers.3``): ``cfg``'s hidden size, heads,
+    kv heads and head size, the biases and q/k norms ``switches`` turn on (the norms'
+    epsilon ``rms_norm_eps``), and the q/k/v and o weight methods the checkpoint's
+    quantization gives ``{prefix}.self_attn``; ``kind``: ``Attention``'s other keywords
+    (window, sinks, soft-cap, scale, v norm, output gate), which may also override
+    ``head_dim`` and ``num_kv_heads`` for this layer."""
+    attn, quant = f"{prefix}.self_attn", cfg.quantization
+    return Attention(
+        cfg.hidden_size,
+        cfg.num_heads,
+        kind.pop("num_kv_heads", cfg.num_kv_heads),
+        kind.pop("head_dim", cfg.head_dim),
+        qkv_bias=switches.qkv_bias,
+        o_bias=switches.o_bias,
+        qk_norm_eps=cfg.rms_norm_eps if switches.qk_norm else None,
+        rotary=rotary,
+        backend=backend,
+        tp=tp,
+        qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
+        o_method=linear_method(quant, [f"{attn}.o_proj"]),
+        **kind,
+    )
+
+
 class DecoderLayer(nn.Module):
     def __init__(
         self,
@@ -114,21 +148,8 @@ class DecoderLayer(nn.Module):
         set this layer's apart (``DecoderLM.attention_kind``)."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        attn, quant = f"{prefix}.self_attn", cfg.quantization
-        self.self_attn = Attention(
-            cfg.hidden_size,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            qkv_bias=switches.qkv_bias,
-            o_bias=switches.o_bias,
-            qk_norm_eps=cfg.rms_norm_eps if switches.qk_norm else None,
-            rotary=rotary,
-            backend=backend,
-            tp=tp,
-            qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
-            o_method=linear_method(quant, [f"{attn}.o_proj"]),
-            **attention_kind,
+        self.self_attn = build_attention(
+            cfg, switches, rotary, backend, tp, prefix, **attention_kind
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp
@@ -155,10 +176,23 @@ class DecoderLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(hidden, residual)), residual
 
 
+class MissingLayer(nn.Module):
+    """A part another pipeline stage holds: no weights, never called."""
+
+
 class DecoderLM(nn.Module):
     """Token ids of a flat batch → hidden states; ``logits`` maps chosen rows to the vocabulary.
     Built for rank ``tp.rank`` of ``tp`` (every rank computes the same hidden states and
-    logits; each holds and multiplies its shard of the weights)."""
+    logits; each holds and multiplies its shard of the weights). ``keep_stage`` makes it one
+    pipeline stage: ``stage`` its layers, the others ``MissingLayer``."""
+
+    stage: range | None = None
+    """The layers this model runs (None: all)."""
+
+    layers_after_embed = True
+    """``forward`` is ``embed`` then ``run_layers``, as a recorded CPU decode step runs them
+    (``graphs/cpu_graphs.py``); a model whose layers take more than the embedding sets it
+    False and decodes eagerly on a CPU."""
 
     @classmethod
     def switches(cls, cfg: ModelConfig) -> Switches:
@@ -226,9 +260,13 @@ class DecoderLM(nn.Module):
         output projection and the MLP run on rows ``out_rows`` alone. In a prefill step
         that is one row per prompt: 6 % of the 134M model's matmul work skipped."""
         hidden, residual = self.run_layers(
-            self.embed_tokens(input_ids), positions, kv_caches, meta, out_rows
+            self.embed(input_ids), positions, kv_caches, meta, out_rows
         )
         return residual + hidden
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' input to the first layer: their embeddings."""
+        return self.embed_tokens(input_ids)
 
     def run_layers(
         self,
@@ -237,22 +275,52 @@ class DecoderLM(nn.Module):
         kv_caches: list[KVCache],
         meta: StepMetadata,
         out_rows: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``meta``: the step's, or each layer's (a model of several KV groups; a
         linear-attention layer's ``StateMetadata``, its ``kv_caches`` entry its state
         tensors). ``forward``
         from the embedded tokens ``hidden`` (which become the residual
         stream's buffer, updated in place) to the last layer's (hidden, residual), whose sum
-        is ``forward``'s result."""
-        residual = None
+        is ``forward``'s result. A later pipeline stage starts from the previous stage's
+        (hidden, residual) and runs its ``stage`` of layers alone."""
         last = len(self.layers) - 1
         metas: list[Any] = meta if isinstance(meta, list) else [meta] * len(self.layers)
-        layers = zip(self.layers, kv_caches, metas, strict=True)
-        for i, (layer, kv_cache, layer_meta) in enumerate(layers):
+        assert len(kv_caches) == len(metas) == len(self.layers)
+        for i in self.stage or range(len(self.layers)):
             rows = out_rows if i == last else None
-            hidden, residual = layer(positions, hidden, residual, kv_cache, layer_meta, rows)
+            hidden, residual = self.layers[i](
+                positions, hidden, residual, kv_caches[i], metas[i], rows
+            )
         assert residual is not None  # config.json names at least one layer
         return hidden, residual
+
+    @classmethod
+    def check_pipeline(cls, cfg: ModelConfig, size: int) -> None:
+        """``ValueError`` unless this model splits in ``size`` pipeline stages: its step must
+        be the shared decoder's (not hybrid linear attention, not Gemma's own forward)."""
+        own_step = cls.forward is not DecoderLM.forward or cls.logits is not DecoderLM.logits
+        if cfg.linear_layers or own_step:
+            raise ValueError(
+                f"pipeline_parallel_size {size}: {cfg.architecture} (family {cfg.family}) "
+                "cannot be split in pipeline stages; only the shared decoder's families "
+                "(Llama, Mistral, Qwen2, Qwen3 and their MoE models) can"
+            )
+        PipelineParallel(size=size).layers(cfg.num_layers)
+
+    def keep_stage(self, pp: PipelineParallel) -> None:
+        """Keep pipeline stage ``pp``'s parts alone (before its weights load): its layers,
+        the embedding on the first stage, the final norm and LM head on the last."""
+        self.check_pipeline(self.config, pp.size)
+        self.stage = pp.layers(len(self.layers))
+        for i in range(len(self.layers)):
+            if i not in self.stage:
+                self.layers[i] = MissingLayer()
+        if not pp.is_first:
+            self.embed_tokens = MissingLayer()  # type: ignore[assignment]
+        if not pp.is_last:
+            self.norm = MissingLayer()  # type: ignore[assignment]
+            self.lm_head = MissingLayer()  # type: ignore[assignment]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden)).float()

@@ -14,20 +14,19 @@ import re
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from kvserve.engine.layers.activation import gelu_tanh_and_mul
 from kvserve.engine.layers.attention.backend import AttentionBackend
-from kvserve.engine.layers.attention.layer import Attention, KVCache
+from kvserve.engine.layers.attention.layer import KVCache
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.layernorm import RMSNorm
 from kvserve.engine.layers.linear import default_weight_loader, set_weight_loader
 from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
-from kvserve.engine.models.decoder import MLP, DecoderLM, StepMetadata
+from kvserve.engine.models.decoder import MLP, DecoderLM, Switches, build_attention
 from kvserve.engine.models.model_config import ModelConfig, RopeConfig
-from kvserve.engine.quantization.linear_methods import linear_method
 
 
 def _load_plus_one(param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
@@ -46,8 +45,7 @@ class GeGLU(MLP):
     """The dense MLP with ``gelu_tanh(gate) * up``."""
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(gelu_tanh_and_mul(self.gate_up_proj(x)))
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -59,6 +57,16 @@ class Gemma3DecoderLayer(nn.Module):
     def norm(self, norm: RMSNorm) -> RMSNorm:
         return gemma_norm(norm) if self.PLUS_ONE_NORMS else norm
 
+    @classmethod
+    def attention_kind(cls, cfg: ModelConfig, layer: int, window: int | None) -> dict[str, Any]:
+        """``Attention``'s keywords particular to layer ``layer`` (window ``window``)."""
+        return {}
+
+    @classmethod
+    def mlp_size(cls, cfg: ModelConfig, layer: int) -> tuple[int, str] | None:
+        """Layer ``layer``'s MLP width as ``MLP`` takes it (None: ``intermediate_size``)."""
+        return None
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -67,36 +75,36 @@ class Gemma3DecoderLayer(nn.Module):
         backend: AttentionBackend,
         tp: TensorParallel,
         prefix: str,
+        layer: int,
     ) -> None:
+        """``layer``: this layer's index (``prefix``: the checkpoint's name of it)."""
         super().__init__()
         assert cfg.gemma is not None
-        eps, quant, attn = cfg.rms_norm_eps, cfg.quantization, f"{prefix}.self_attn"
-        self.self_attn = Attention(
-            cfg.hidden_size,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            qkv_bias=cfg.attention_bias,
-            o_bias=cfg.attention_bias,
-            qk_norm_eps=eps,
+        eps = cfg.rms_norm_eps
+        switches = Switches(cfg.attention_bias, cfg.attention_bias, qk_norm=True)
+        self.self_attn = build_attention(
+            cfg,
+            switches,
+            rotary,
+            backend,
+            tp,
+            prefix,
             v_norm_eps=eps if self.V_NORM else None,
-            rotary=rotary,
-            backend=backend,
-            tp=tp,
-            qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
-            o_method=linear_method(quant, [f"{attn}.o_proj"]),
             sliding_window=window,
             scale=cfg.gemma.query_pre_attn_scalar**-0.5,
+            num_kv_heads=cfg.kv_shape(layer)[0],
+            head_dim=cfg.kv_shape(layer)[1],
+            **self.attention_kind(cfg, layer, window),
         )
-        assert self.self_attn.q_norm is not None and self.self_attn.k_norm is not None
-        self.norm(self.self_attn.q_norm)
-        self.norm(self.self_attn.k_norm)
+        for qk_norm in (self.self_attn.q_norm, self.self_attn.k_norm):
+            if qk_norm is not None:  # a KV-shared layer has no k norm
+                self.norm(qk_norm)
         size = cfg.hidden_size
         self.input_layernorm = self.norm(RMSNorm(size, eps))
         self.post_attention_layernorm = self.norm(RMSNorm(size, eps))
         self.pre_feedforward_layernorm = self.norm(RMSNorm(size, eps))
         self.post_feedforward_layernorm = self.norm(RMSNorm(size, eps))
-        self.mlp = GeGLU(cfg, tp, f"{prefix}.mlp")
+        self.mlp = GeGLU(cfg, tp, f"{prefix}.mlp", self.mlp_size(cfg, layer))
 
     def forward(
         self,
@@ -113,8 +121,11 @@ class Gemma3DecoderLayer(nn.Module):
         if out_rows is not None:
             stream = stream[out_rows]
         stream = stream + self.post_attention_layernorm(attended)
-        mlp = self.mlp(self.pre_feedforward_layernorm(stream))
-        return self.post_feedforward_layernorm(mlp), stream
+        return self.post_feedforward_layernorm(self.feed_forward(stream)), stream
+
+    def feed_forward(self, stream: torch.Tensor) -> torch.Tensor:
+        """The MLP's output of the residual ``stream``, before the post-feedforward norm."""
+        return self.mlp(self.pre_feedforward_layernorm(stream))
 
 
 class Gemma3ForCausalLM(DecoderLM):
@@ -131,11 +142,13 @@ class Gemma3ForCausalLM(DecoderLM):
         assert cfg.gemma is not None
         self.config = cfg
         self.tp = tp
-        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions)
+        windows = cfg.layer_windows or (None,) * cfg.num_layers
+        # the global layers' head size (Gemma 4's global_head_dim), which their RoPE spans
+        size = next((cfg.kv_shape(i)[1] for i, w in enumerate(windows) if w is None), None)
+        self.rotary = RotaryEmbedding(cfg.rope, size or cfg.head_dim, max_positions)
         local = RopeConfig(theta=cfg.gemma.local_rope_theta)  # default RoPE, its own base
         self.local_rotary = RotaryEmbedding(local, cfg.head_dim, max_positions)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        windows = cfg.layer_windows or (None,) * cfg.num_layers
         self.layers = nn.ModuleList(
             self.decoder_layer(
                 cfg,
@@ -144,25 +157,13 @@ class Gemma3ForCausalLM(DecoderLM):
                 backend,
                 tp,
                 f"model.layers.{i}",
+                i,
             )
             for i, window in enumerate(windows)
         )
         norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm = gemma_norm(norm) if self.decoder_layer.PLUS_ONE_NORMS else norm
         self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
-
-    def forward(
-        self,
-        input_ids,
-        positions,
-        kv_caches: list[KVCache],
-        meta: StepMetadata,
-        out_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        hidden, residual = self.run_layers(
-            self.embed(input_ids), positions, kv_caches, meta, out_rows
-        )
-        return residual + hidden
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The tokens' embeddings, scaled by ``sqrt(hidden_size)``."""

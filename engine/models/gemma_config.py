@@ -25,6 +25,10 @@ class GemmaConfig:
     """Gemma 4's per-layer input embeddings: each layer's input width (0: none)."""
     per_layer_vocab_size: int = 0
     """The rows of their table (``vocab_size_per_layer_input``)."""
+    k_eq_v: bool = False
+    """Gemma 4's ``attention_k_eq_v``: the global layers' values are their keys (no v_proj)."""
+    double_wide_mlp: bool = False
+    """Gemma 4's ``use_double_wide_mlp``: the KV-shared layers' MLPs are twice as wide."""
 
     @classmethod
     def from_dict(cls, raw: dict, family: str) -> "GemmaConfig | None":
@@ -44,6 +48,8 @@ class GemmaConfig:
             final_logit_softcapping=raw.get("final_logit_softcapping"),
             per_layer_input_size=raw.get("hidden_size_per_layer_input", 256) if gemma4 else 0,
             per_layer_vocab_size=raw.get("vocab_size_per_layer_input", 262_144) if gemma4 else 0,
+            k_eq_v=gemma4 and bool(raw.get("attention_k_eq_v", False)),
+            double_wide_mlp=gemma4 and bool(raw.get("use_double_wide_mlp", False)),
         )
 
 
@@ -80,36 +86,57 @@ def language_model_config(raw: dict) -> dict:
     return text
 
 
-GEMMA4_REFUSED = {
-    # config field: (transformers' default, what it turns on)
-    "num_kv_shared_layers": (0, "keys and values shared across layers"),
-    "enable_moe_block": (False, "mixture-of-experts blocks"),
-    "attention_k_eq_v": (False, "keys used as values"),
-    "use_bidirectional_attention": (None, "bidirectional attention"),
-}
-"""The Gemma 4 features not served: a config that turns one on is refused, naming it."""
-
-
 def refuse_gemma4_features(raw: dict) -> None:
-    """A ValueError naming the first field of ``raw`` that turns on a Gemma 4 feature not
-    served (``GEMMA4_REFUSED``), or that gives a layer another head size or kv head count
-    than ``head_dim`` and ``num_key_value_heads`` (every layer of a KV page has one shape)."""
-    for field, (default, feature) in GEMMA4_REFUSED.items():
-        if value := raw.get(field, default):
-            raise ValueError(f"{field}={value!r} is not supported (Gemma 4 {feature})")
-    head_dim, kv_heads = raw.get("head_dim", 256), raw.get("num_key_value_heads", 4)
+    """A ValueError naming ``use_bidirectional_attention`` where it turns on bidirectional
+    attention over every token; ``vision`` concerns image tokens alone, which text-only
+    serving never has."""
+    if (value := raw.get("use_bidirectional_attention")) not in (None, "vision"):
+        raise ValueError(
+            f"use_bidirectional_attention={value!r} is not supported (Gemma 4 bidirectional "
+            "attention; 'vision', for image tokens only, is served for text)"
+        )
+
+
+def gemma4_kv_shapes(raw: dict, kv_heads: int, head_dim: int) -> tuple[tuple[int, int], ...]:
+    """Each layer's (kv heads, head size) as transformers' Gemma 4 derives them (the
+    sliding layers' ``kv_heads`` and ``head_dim``):
+    ``per_layer_config``'s overrides, or by default the global layers' head size
+    ``global_head_dim`` (512) and, with ``attention_k_eq_v``, their kv heads
+    ``num_global_key_value_heads``."""
     if "per_layer_config" in raw:
-        overrides = {f"per_layer_config[{i}]": c for i, c in raw["per_layer_config"].items()}
-    else:  # transformers' default: the global layers' head size is global_head_dim (512)
-        overrides = {"global_head_dim": {"head_dim": raw.get("global_head_dim", 512)}}
-    for field, layer in overrides.items():
-        shape = (layer.get("head_dim", head_dim), layer.get("num_key_value_heads", kv_heads))
-        if shape != (head_dim, kv_heads):
-            raise ValueError(
-                f"Gemma 4 layers of another head size or kv head count ({field}: {layer}) than "
-                f"head_dim={head_dim}, num_key_value_heads={kv_heads} are not supported (one "
-                "KV page size for every layer)"
-            )
+        overrides = {int(i): c for i, c in raw["per_layer_config"].items()}
+    else:
+        layer: dict = {"head_dim": raw.get("global_head_dim", 512)}
+        global_kv_heads = raw.get("num_global_key_value_heads")
+        if global_kv_heads is not None and raw.get("attention_k_eq_v", False):
+            layer["num_key_value_heads"] = global_kv_heads
+        full = [i for i, kind in enumerate(raw["layer_types"]) if kind == "full_attention"]
+        overrides = dict.fromkeys(full, layer)
+    return tuple(
+        (
+            overrides.get(i, {}).get("num_key_value_heads", kv_heads),
+            overrides.get(i, {}).get("head_dim", head_dim),
+        )
+        for i in range(raw["num_hidden_layers"])
+    )
+
+
+def kv_owners(raw: dict) -> tuple[int, ...]:
+    """Each layer's layer whose keys and values it attends over, as transformers' Gemma 4
+    shares them: the last ``num_kv_shared_layers`` layers read those of the last earlier
+    layer of their type and keep none of their own; every other layer its own. Empty when
+    none is shared."""
+    count, shared = raw["num_hidden_layers"], raw.get("num_kv_shared_layers", 0)
+    if not shared:
+        return ()
+    types, first = raw["layer_types"], count - shared
+    if first < 1 or set(types[:first]) != set(types):
+        raise ValueError(
+            f"num_kv_shared_layers={shared} leaves no earlier layer of each type of the "
+            f"{count} layers to share keys and values from"
+        )
+    last = {kind: i for i, kind in enumerate(types[:first])}
+    return tuple(i if i < first else last[types[i]] for i in range(count))
 
 
 GEMMA4_ROPE = {

@@ -7,6 +7,7 @@ a llama model's q/k projections with the rows of each head interleaved for its R
 (``convert_hf_to_gguf.py``'s ``permute``); ``GGUFTensors`` undoes that, so that the weights are
 exactly the Hugging Face ones."""
 
+import functools
 import re
 from pathlib import Path
 from types import TracebackType
@@ -72,6 +73,19 @@ def gguf_file(path: Path) -> Path | None:
     return files[0] if files else None
 
 
+def _reader(path: Path) -> GGUFReader:
+    """The parsed GGUF at ``path``, kept for the next caller while the file is unchanged: the
+    config and the tensors read the same file one after the other, and parsing a large
+    vocabulary takes seconds."""
+    stat = path.stat()
+    return _parsed(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed(path: Path, mtime_ns: int, size: int) -> GGUFReader:
+    return GGUFReader(path)
+
+
 def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
     field = reader.get_field(key)
     return default if field is None else field.contents()
@@ -91,7 +105,7 @@ def gguf_config(path: Path) -> dict[str, Any]:
     """The metadata of the GGUF at ``path`` as config.json's keys. The dtype is the file's
     16-bit one where its weights are F16 or BF16 (None, float32, for quantized ones); the eos
     ids are the tokenizer's end-of-sequence and end-of-turn tokens."""
-    reader = GGUFReader(path)
+    reader = _reader(path)
     arch = _architecture(reader, path)
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
@@ -165,7 +179,7 @@ class GGUFTensors:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        reader = GGUFReader(path)
+        reader = _reader(path)
         self.arch = _architecture(reader, path)
         # present: the config (``gguf_config``) read the same fields first and named a missing one
         self.heads = _field(reader, f"{self.arch}.attention.head_count")

@@ -19,6 +19,7 @@ from kvserve.engine.layers.linear import (
     shape_of,
 )
 from kvserve.engine.layers.moe.fused_moe import FusedMoE
+from kvserve.engine.layers.pipeline_parallel import PipelineParallel
 from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models import registry
@@ -72,21 +73,29 @@ def load_model(
     progress: Callable[[int, int], None] | None = None,
     packed: bool = False,
     tp: TensorParallel = TensorParallel(),
+    pp: PipelineParallel | None = None,
 ) -> DecoderLM:
     """Build the model of ``cfg``'s architecture for rank ``tp.rank`` without initialising
     it, then hand every checkpoint tensor, as a safetensors slice, to its parameter's weight
     loader, which reads this rank's shard of it alone; then finish each linear's weights
     (prepacked for the CPU kernels if ``packed``: see ``packed_linear.can_pack``). Fails if
-    a weight is missing (but for an ``optional`` one: an FP8 KV cache's scales) or unknown."""
+    a weight is missing (but for an ``optional`` one: an FP8 KV cache's scales) or unknown.
+    ``pp``: the pipeline stage it is (its parts alone are kept and read)."""
     path = Path(path)
     with torch.device(device), _default_dtype(dtype):
         model = registry.model_class(cfg.architecture)(cfg, backend, max_positions, tp)
+    everything = set(dict(model.named_parameters()))
+    pp = pp or PipelineParallel()
+    if pp.size > 1:
+        model.keep_stage(pp)
     params = dict(model.named_parameters())
     renames = _checkpoint_names(model)
     tensors = model.checkpoint_tensors()
     loaded: dict[str, set] = {name: set() for name in params}
     files = checkpoint_files(path)
     has_lm_head = False
+    # a last stage without the embedding takes a tied LM head from the embedding's tensor
+    tied_head = pp.size > 1 and pp.is_last and not pp.is_first and _tied(cfg, files)
     for done, file in enumerate(files, start=1):
         opened = GGUFTensors(file) if file.suffix == ".gguf" else safe_open(str(file), "pt")
         with opened as handle:
@@ -99,7 +108,11 @@ def load_model(
                 has_lm_head |= ours == "lm_head.weight"
                 target, shard_id = _target(ours, tensors)
                 target, transform = renames.get(target, (target, None))
+                if tied_head and target == "embed_tokens.weight":
+                    target = "lm_head.weight"
                 param = params.get(target)
+                if param is None and target in everything:
+                    continue  # another pipeline stage's
                 if param is None:
                     raise ValueError(f"unexpected weight {name!r} in {path}{_why(cfg, name)}")
                 weight_loader = getattr(param, "weight_loader", default_weight_loader)
@@ -118,7 +131,7 @@ def load_model(
         if progress is not None:
             progress(done, len(files))
     tied = cfg.tie_word_embeddings if cfg.tie_word_embeddings is not None else not has_lm_head
-    if tied:
+    if tied and "embed_tokens.weight" in params and "lm_head.weight" in params:
         model.lm_head.tie(model.embed_tokens)
         loaded["lm_head.weight"] = loaded["embed_tokens.weight"]
     missing = [
@@ -137,6 +150,18 @@ def load_model(
         elif isinstance(module, FusedMoE):
             module.process_weights_after_loading(kernels)
     return model.eval()
+
+
+def _tied(cfg: ModelConfig, files: list[Path]) -> bool:
+    """The LM head is the embedding: config.json says so, or the checkpoint has no head."""
+    if cfg.tie_word_embeddings is not None:
+        return cfg.tie_word_embeddings
+    for file in files:
+        opened = GGUFTensors(file) if file.suffix == ".gguf" else safe_open(str(file), "pt")
+        with opened as handle:
+            if "lm_head.weight" in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                return False
+    return True
 
 
 def _checkpoint_names(model: DecoderLM) -> dict[str, tuple[str, Transform | None]]:

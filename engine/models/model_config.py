@@ -13,7 +13,9 @@ from kvserve.engine.models.gemma_config import (
     MULTIMODAL,
     GemmaConfig,
     gemma4_defaults,
+    gemma4_kv_shapes,
     global_rope_config,
+    kv_owners,
     language_model_config,
 )
 from kvserve.engine.models.gguf_checkpoint import gguf_config, gguf_file
@@ -71,6 +73,7 @@ class ModelConfig:
     max_position_embeddings: int
     rope: RopeConfig
     attention_bias: bool
+    """The attention's projections have biases (``attention_bias``; ``BIAS_FIELDS``)."""
     tie_word_embeddings: bool | None  # None: decided by whether lm_head.weight exists
     torch_dtype: str | None
     eos_token_ids: tuple[int, ...]
@@ -90,6 +93,24 @@ class ModelConfig:
     ``HYBRID_FAMILIES`` model; the others are full attention."""
     gated_delta_net: GatedDeltaNetConfig | None = None
     """Those layers' shape; None without them."""
+    layer_kv_shapes: tuple[tuple[int, int], ...] = ()
+    """Each layer's (kv heads, head size) where they differ between layers (Gemma 4's global
+    layers); empty: every layer's are ``num_kv_heads`` and ``head_dim``."""
+    kv_owners: tuple[int, ...] = ()
+    """Each layer's layer whose keys and values it attends over: itself, or for a KV-shared
+    layer (Gemma 4's ``num_kv_shared_layers``) an earlier one of its kind, whose cache it
+    reads (it keeps no blocks of its own). Empty: every layer its own."""
+
+    def kv_shape(self, layer: int) -> tuple[int, int]:
+        """Layer ``layer``'s (kv heads, head size)."""
+        if self.layer_kv_shapes:
+            return self.layer_kv_shapes[layer]
+        return self.num_kv_heads, self.head_dim
+
+    @property
+    def kv_shared_layers(self) -> tuple[int, ...]:
+        """The layers that read another layer's keys and values (``kv_owners``)."""
+        return tuple(i for i, owner in enumerate(self.kv_owners) if owner != i)
 
     @classmethod
     def from_dir(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -124,6 +145,9 @@ class ModelConfig:
         if raw.get("mlp_bias"):
             raise ValueError("mlp_bias is not supported")
         num_heads = raw["num_attention_heads"]
+        num_kv_heads = raw.get("num_key_value_heads") or num_heads
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
+        shapes = gemma4_kv_shapes(raw, num_kv_heads, head_dim) if family == "gemma4" else ()
         sliding = raw.get("sliding_window")
         if family == "qwen2" and not raw.get("use_sliding_window", False):
             sliding = None
@@ -148,12 +172,12 @@ class ModelConfig:
             ),
             num_layers=raw["num_hidden_layers"],
             num_heads=num_heads,
-            num_kv_heads=raw.get("num_key_value_heads") or num_heads,
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             rope=_rope(global_rope_config(raw) if gemma else raw),
-            attention_bias=bool(raw.get("attention_bias", False)),
+            attention_bias=bool(raw.get(*BIAS_FIELDS.get(family, ("attention_bias", False)))),
             tie_word_embeddings=raw.get("tie_word_embeddings"),
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
             eos_token_ids=tuple(dict.fromkeys(_as_tuple(raw.get("eos_token_id")) + extra_eos)),
@@ -163,9 +187,14 @@ class ModelConfig:
             gemma=gemma,
             linear_layers=_linear_layers(raw) if family in HYBRID_FAMILIES else (),
             gated_delta_net=_gated_delta_net(raw, family),
+            kv_owners=kv_owners(raw) if family == "gemma4" else (),
+            layer_kv_shapes=shapes if len(set(shapes)) > 1 else (),
         )
 
 
+BIAS_FIELDS = {"qwen2_moe": ("qkv_bias", True)}
+"""Families whose config.json turns the attention's bias on with another field than
+``attention_bias`` → (that field, transformers' default). Qwen2-MoE's is on q/k/v only."""
 EXPERTS_ONLY = ("qwen3_5_moe",)
 """Families whose every layer has the MoE block: config.json may name no dense
 ``intermediate_size`` (0 then; no layer reads it)."""

@@ -1,5 +1,5 @@
 """The mixture-of-experts facts of a checkpoint's config.json (Qwen2-MoE, Qwen3-MoE,
-Mixtral, gpt-oss), as transformers spells them."""
+Mixtral, gpt-oss, Gemma 4's ``enable_moe_block``), as transformers spells them."""
 
 from dataclasses import dataclass
 
@@ -44,8 +44,15 @@ class MoEConfig:
     def from_dict(cls, raw: dict, family: str) -> "MoEConfig | None":
         """None for a dense config (no expert count)."""
         num_experts = raw.get("num_experts") or raw.get("num_local_experts")
-        if not num_experts:
+        if not num_experts or (family == "gemma4" and not raw.get("enable_moe_block")):
             return None
+        if family == "gemma4":  # experts beside the dense MLP in every layer, renormalised
+            return cls(
+                num_experts=num_experts,
+                top_k=raw["top_k_experts"],
+                intermediate_size=raw["moe_intermediate_size"],
+                norm_topk_prob=True,
+            )
         mixtral = family in ("mixtral", "gpt_oss")  # one intermediate_size, the experts'
         if family == "gpt_oss":
             _check_swiglu(raw)

@@ -26,7 +26,7 @@ from kvserve.engine.layers.linear_attention.metadata import StateMetadata
 from kvserve.engine.layers.rotary import RotaryEmbedding
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
-from kvserve.engine.models.decoder import MLP
+from kvserve.engine.models.decoder import MLP, Switches, build_attention
 from kvserve.engine.models.gemma3 import gemma_norm
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.models.moe_decoder import MoEDecoderLM
@@ -57,21 +57,9 @@ class HybridDecoderLayer(nn.Module):
             method = linear_method(quant, [f"{prefix}.linear_attn.out_proj"])
             self.linear_attn = GatedDeltaNet(cfg.gated_delta_net, tp, method, kernels)
         else:
-            attn = f"{prefix}.self_attn"
-            self.self_attn = Attention(
-                cfg.hidden_size,
-                cfg.num_heads,
-                cfg.num_kv_heads,
-                cfg.head_dim,
-                qkv_bias=cfg.attention_bias,
-                o_bias=cfg.attention_bias,
-                qk_norm_eps=eps,
-                rotary=rotary,
-                backend=backend,
-                tp=tp,
-                qkv_method=linear_method(quant, [f"{attn}.{p}_proj" for p in "qkv"]),
-                o_method=linear_method(quant, [f"{attn}.o_proj"]),
-                output_gate=True,
+            switches = Switches(cfg.attention_bias, cfg.attention_bias, qk_norm=True)
+            self.self_attn = build_attention(
+                cfg, switches, rotary, backend, tp, prefix, output_gate=True
             )
             assert self.self_attn.q_norm is not None and self.self_attn.k_norm is not None
             gemma_norm(self.self_attn.q_norm)

@@ -18,8 +18,12 @@ import pytest
 from k8s.support import BUILD_TIMEOUT, ROOT, KubeTools, inference_pool_crd
 
 sys.path.insert(0, str(ROOT / "e2e"))
+from leader_worker_group import leader_worker_group_serves_as_one_model
 from real_node import NODE_TIMEOUT, real_node, skip_reason
 from scenarios import SCENARIOS, Context, Scenario, diagnostics, run_scenario
+
+ALL = [*SCENARIOS, Scenario("leader-worker-group", leader_worker_group_serves_as_one_model)]
+"""``SCENARIOS``, then the multi-node one (e2e/leader_worker_group.py), which imports them."""
 
 NODE_SETTINGS = {
     "KVSERVE_NODE_NAME": "kvserve-e2e",
@@ -56,7 +60,7 @@ def failed() -> list[str]:
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT + NODE_TIMEOUT + 900)
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+@pytest.mark.parametrize("scenario", ALL, ids=[s.name for s in ALL])
 def test_scenario(context: Context, scenario: Scenario, failed: list[str]) -> None:
     if failed:
         pytest.skip(f"{failed[0]} failed; the scenarios after it build on its state")

@@ -8,7 +8,7 @@ import yaml
 from kubernetes import client
 
 from k8s.kube_cluster import ControlPlane, Operator, kopf_run_args, wait_for
-from k8s.support import ROOT, inference_pool_crd
+from k8s.support import ROOT, inference_pool_crd, load_sample
 from kvserve.operator.kube import Kube
 
 API = "kvserve.io/v1alpha1"
@@ -93,6 +93,17 @@ def children(kube: Kube, ns: str, name: str, hpa: str = "autoscaling/v2beta2") -
         "PodDisruptionBudget": kube.get("policy/v1beta1", "PodDisruptionBudget", ns, name),
         "HorizontalPodAutoscaler": kube.get(hpa, "HorizontalPodAutoscaler", ns, name),
     }
+
+
+def cpu_group_sample() -> dict[str, Any]:
+    """The CPU demo as one TP=2 model over two pods of one rank each (a LeaderWorkerSet group),
+    scaled by the HPA."""
+    body = load_sample("cpu-demo.yaml")
+    body["spec"].pop("replicas")
+    body["spec"]["engine"]["tensorParallelSize"] = 2
+    body["spec"]["resources"]["ranksPerPod"] = 1
+    body["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 3, "targetWaitingRequests": 4}
+    return body
 
 
 def apply_yaml(plane: ControlPlane, ns: str, body: dict[str, Any]) -> None:

@@ -50,6 +50,37 @@ def inference_pool_crd(for_1_20: bool = False) -> dict[str, Any]:
     return crd
 
 
+LEADER_WORKER_SET_CRD_PATH = ROOT / "tests" / "k8s" / "leaderworkerset-crd.yaml"
+
+
+def _without_empty_defaults(node: Any) -> Any:
+    """``node`` without ``default: ""``; a list-map key that loses it becomes required (1.20
+    wants one or the other of a key)."""
+    if isinstance(node, list):
+        return [_without_empty_defaults(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _without_empty_defaults(v) for k, v in node.items() if (k, v) != ("default", "")}
+    keys = node.get("x-kubernetes-list-map-keys") or []
+    items = node.get("items") or {}
+    emptied = [k for k in keys if items.get("properties", {}).get(k, {}).get("default") == ""]
+    if emptied:
+        required = out["items"].get("required", [])
+        out["items"]["required"] = required + [k for k in emptied if k not in required]
+    return out
+
+
+def leader_worker_set_crd(for_1_20: bool = False) -> dict[str, Any]:
+    """The published LeaderWorkerSet CRD (vendored, see its header).
+
+    ``for_1_20``: without its ``default: ""`` (the names of ConfigMap and Secret references in
+    the pod templates), which a v1.20 API server reads as null and refuses ("must be of type
+    string"); ``imagePullSecrets[].name``, a list-map key, is made required instead (1.20
+    wants a key defaulted or required)."""
+    crd = yaml.safe_load(LEADER_WORKER_SET_CRD_PATH.read_text())
+    return _without_empty_defaults(crd) if for_1_20 else crd
+
+
 def load_sample(name: str) -> dict[str, Any]:
     return yaml.safe_load((ROOT / "crds" / "samples" / name).read_text())
 

@@ -19,7 +19,7 @@ IMAGE_ADAPTERS = [
 
 def with_adapters(adapters: list[dict[str, str]]) -> dict[str, Any]:
     body = owner("cpu-demo.yaml")
-    body["spec"]["adapters"] = adapters
+    body["spec"]["adapters"] = [dict(a) for a in adapters]  # tests edit them
     return body
 
 
@@ -159,4 +159,39 @@ def test_crd_schema_takes_adapters_and_refuses_a_bad_name() -> None:
     body["spec"]["adapters"][0]["name"] = "Pirate"
     assert [e.message for e in crd_validator().iter_errors(body)] == [
         "'Pirate' does not match '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'"
+    ]
+
+
+def test_engine_lora_limits_render_as_the_server_flags_before_enable_lora() -> None:
+    body = with_adapters(IMAGE_ADAPTERS)
+    body["spec"]["engine"] |= {"maxLoras": 4, "maxLoraRank": 64, "maxCpuLoras": 8}
+    assert list(crd_validator().iter_errors(body)) == []
+    args = server(body)["args"]
+    assert args[-7:] == [
+        "--max-loras", "4", "--max-lora-rank", "64", "--max-cpu-loras", "8", "--enable-lora",
+    ]  # fmt: skip
+    assert validated(body)[0].engine.max_loras == 4
+
+
+def test_engine_lora_limits_left_unset_render_nothing() -> None:
+    args = server(with_adapters(IMAGE_ADAPTERS))["args"]
+    assert not {"--max-loras", "--max-lora-rank", "--max-cpu-loras"} & set(args)
+
+
+def test_fewer_cpu_loras_than_device_loras_is_refused_as_the_server_refuses_it() -> None:
+    body = with_adapters(IMAGE_ADAPTERS)
+    body["spec"]["engine"] |= {"maxLoras": 4, "maxCpuLoras": 2}
+    with pytest.raises(InvalidSpec) as refused:
+        validated(body)
+    assert str(refused.value) == (
+        "kvserve serve would refuse to start: max_cpu_loras (2) must be >= max_loras (4)"
+    )
+
+
+@pytest.mark.parametrize("field", ["maxLoras", "maxLoraRank", "maxCpuLoras"])
+def test_crd_schema_refuses_a_lora_limit_below_one(field: str) -> None:
+    body = with_adapters(IMAGE_ADAPTERS)
+    body["spec"]["engine"][field] = 0
+    assert [e.message for e in crd_validator().iter_errors(body)] == [
+        "0 is less than the minimum of 1"
     ]

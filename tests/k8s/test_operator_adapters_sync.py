@@ -1,11 +1,13 @@
 """Which adapter calls a pod gets, and the status the pods' answers make."""
 
+import base64
 import json
 import socket
 import sys
 import urllib.request
 from pathlib import Path
 
+from k8s.loopback_api import answering
 from k8s.support import ROOT
 from kvserve.operator.adapter_status import adapter_report
 from kvserve.operator.adapter_sync import (
@@ -15,10 +17,11 @@ from kvserve.operator.adapter_sync import (
     sync_plan,
     sync_pod,
 )
+from kvserve.operator.kube import Kube
 from kvserve.operator.spec import AdapterSpec
 from kvserve.server.cli import DEFAULT_MODEL
 
-from server_process import ServerProcess
+from server_process import API_KEY, ServerProcess
 
 sys.path.insert(0, str(ROOT / "e2e"))
 from make_adapters import main
@@ -59,11 +62,12 @@ def test_a_pod_that_does_not_answer_fails_every_wanted_adapter() -> None:
     )
 
 
-def greedy(url: str, model: str) -> str:
+def greedy(url: str, model: str, api_key: str | None = None) -> str:
     body = {"model": model, "prompt": "Hello", "max_tokens": 8, "temperature": 0}
-    request = urllib.request.Request(
-        f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"}
+    if api_key is not None:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(), headers)
     with urllib.request.urlopen(request) as answer:
         reply = json.load(answer)
     assert reply["model"] == model
@@ -100,15 +104,31 @@ def test_a_real_server_is_brought_to_the_list(tmp_path: Path) -> None:
         }
 
 
-def test_a_server_that_wants_an_api_key_answers_the_operator_with_its_own_401(
-    tmp_path: Path,
-) -> None:
-    """The operator holds no Secret: a pod started with ``apiKeySecret`` refuses it, which the
-    adapter's state quotes; the pod did answer, so its readiness gate opens."""
-    with ServerProcess(DEMO, "--device", "cpu", log=tmp_path / "server.log") as server:
+def test_a_pod_started_with_an_api_key_is_synced_with_that_key(tmp_path: Path) -> None:
+    """A pod started with ``apiKeySecret`` wants its key on every call: with it the adapter
+    loads and a second sync only reads the list; with another key or none, the server's own
+    401 is what the adapter's state quotes (the pod did answer, so its gate opens)."""
+    main([str(DEMO), str(tmp_path), "pirate"])
+    wanted = {"pirate": str(tmp_path / "pirate")}
+    args = ["--device", "cpu", "--enable-lora", "--allow-runtime-lora-updating"]
+    with ServerProcess(DEMO, *args, log=tmp_path / "server.log") as server:
         address = server.url.removeprefix("http://")
-        result = sync_pod(address, DEMO_NAME, {"pirate": "/a/pirate"})
-    assert result == PodSync(frozenset(), {"pirate": "HTTP 401: missing or invalid API key"})
+        refused = PodSync(frozenset(), {"pirate": "HTTP 401: missing or invalid API key"})
+        assert sync_pod(address, DEMO_NAME, wanted) == refused
+        assert sync_pod(address, DEMO_NAME, wanted, "not-the-key") == refused
+        assert sync_pod(address, DEMO_NAME, wanted, API_KEY) == PodSync(frozenset(wanted), {})
+        assert sync_pod(address, DEMO_NAME, wanted, API_KEY) == PodSync(frozenset(wanted), {})
+        assert greedy(server.url, "pirate", API_KEY) != greedy(server.url, DEMO_NAME, API_KEY)
+
+
+def test_the_operator_reads_the_key_of_api_key_secret() -> None:
+    secret = {"kind": "Secret", "apiVersion": "v1"}
+    secret["data"] = {"token": base64.b64encode(b"s3cret key").decode()}
+    with answering({"/api/v1/namespaces/ml/secrets/serving-key": secret}) as api:
+        kube = Kube(api)
+        assert kube.secret_value("ml", "serving-key", "token") == "s3cret key"
+        assert kube.secret_value("ml", "serving-key", "other") is None
+        assert kube.secret_value("ml", "missing", "token") is None
 
 
 def test_only_live_pods_whose_server_is_ready_with_an_ip_are_synced() -> None:

@@ -9,6 +9,7 @@ import yaml
 
 from k8s.support import K8S_SCHEMA_VERSION, ROOT, KubeTools, crd_validator, load_crd
 from kvserve.operator.autoscaler import KV_USAGE_METRIC, WAITING_METRIC
+from kvserve.operator.children import grouped
 from kvserve.operator.spec import parse_spec
 
 OPERATOR_CHART = str(ROOT / "charts" / "kvserve-operator")
@@ -34,7 +35,7 @@ RULES = [
      "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": ["kvserve.io"], "resources": ["llmdeployments/status"], "verbs": ["patch"]},
     {"apiGroups": ["apps"], "resources": ["deployments"],
-     "verbs": ["get", "list", "watch", "create", "patch"]},
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch", "create", "patch"]},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"],
      "verbs": ["list", "watch", "create", "patch"]},
@@ -44,9 +45,14 @@ RULES = [
      "verbs": ["list", "watch", "create", "patch"]},
     {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
      "verbs": ["list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["llm-d.ai", "inference.networking.x-k8s.io"],
+     "resources": ["inferencemodelrewrites"], "verbs": ["list", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
 ]  # fmt: skip
 """Exactly what the operator calls: the SA-run cluster tests fail on any missing verb."""
 LABELS = {
@@ -314,3 +320,31 @@ def test_keda_alternative(kube_tools: KubeTools) -> None:
             }
         ],
     }
+
+
+@pytest.mark.parametrize(
+    ("values", "target"),
+    [
+        ("engine.tensorParallelSize=8,resources.gpus=8", ("apps/v1", "Deployment")),
+        (
+            "engine.tensorParallelSize=8,engine.pipelineParallelSize=2,resources.gpus=8",
+            ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
+        ),
+        (
+            "engine.tensorParallelSize=2,resources.ranksPerPod=1",
+            ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
+        ),
+    ],
+)
+def test_keda_scales_the_workload_the_operator_renders(
+    kube_tools: KubeTools, values: str, target: tuple[str, str]
+) -> None:
+    """A replica of several pods is a LeaderWorkerSet group: KEDA scales the groups."""
+    docs = template(
+        kube_tools, LLMD_CHART, "--set", f"keda.enabled=true,autoscaling.maxReplicas=3,{values}"
+    )
+    spec, _ = parse_spec(docs["LLMDeployment/demo"]["spec"])
+    expected = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet") if grouped(spec) else None
+    assert (expected or ("apps/v1", "Deployment")) == target
+    ref = docs["ScaledObject/demo"]["spec"]["scaleTargetRef"]
+    assert ref == {"apiVersion": target[0], "kind": target[1], "name": "demo"}

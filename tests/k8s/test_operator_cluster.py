@@ -22,6 +22,7 @@ from k8s.cluster_objects import (
     apply_yaml,
     children,
     condition,
+    cpu_group_sample,
     events_for,
     install_inference_pool_crd,
     llmd,
@@ -485,6 +486,51 @@ def test_pool_without_its_api_is_a_condition_and_one_event(
         "ModelLoaded",
     )
     assert condition(llmd(kube, ns, "cpu-demo"), "InferencePool") == pool
+    assert events_for(plane, ns, "cpu-demo") == warning
+
+
+def test_group_without_its_api_is_a_condition_and_one_event(
+    plane: ControlPlane, operator: Operator, kube: Kube
+) -> None:
+    """A replica of two pods where the cluster serves no LeaderWorkerSet API: no workload, no
+    HPA aimed at one; the Service and the PodDisruptionBudget are made."""
+    ns = namespace(plane, "no-lws-api")
+    apply_yaml(plane, ns, cpu_group_sample())
+    group = wait_for(
+        lambda: condition(llmd(kube, ns, "cpu-demo"), "LeaderWorkerSet"), "the condition"
+    )
+    message = (
+        "each replica needs 2 pods, but the cluster serves no leaderworkerset.x-k8s.io/v1 "
+        "LeaderWorkerSet API: install LeaderWorkerSet (its CRD and controller; the "
+        "LeaderWorkerSet is made at the next reconcile after that)"
+    )
+    assert (group["status"], group["reason"], group["message"]) == (
+        "False",
+        "LeaderWorkerSetAPIMissing",
+        message,
+    )
+    assert condition(llmd(kube, ns, "cpu-demo"), "Degraded")["status"] == "False"
+    warning = [{"type": "Warning", "reason": "LeaderWorkerSetAPIMissing", "message": message}]
+    assert wait_for(lambda: events_for(plane, ns, "cpu-demo"), "the Event") == warning
+    kids = children(kube, ns, "cpu-demo")
+    assert kids["PodDisruptionBudget"] is not None
+    assert kids["Service"]["spec"]["selector"] == {
+        "app.kubernetes.io/name": "kvserve",
+        "kvserve.io/llmdeployment": "cpu-demo",
+        "leaderworkerset.sigs.k8s.io/worker-index": "0",
+    }
+    assert (kids["Deployment"], kids["HorizontalPodAutoscaler"]) == (None, None)
+    # A spec change reconciles again (and the status is recomputed): still one Event.
+    custom = client.CustomObjectsApi(plane.admin_client())
+    custom.patch_namespaced_custom_object(
+        "kvserve.io", "v1alpha1", ns, "llmdeployments", "cpu-demo",
+        {"spec": {"engine": {"maxNumSeqs": 8}}},
+    )  # fmt: skip
+    wait_for(
+        lambda: llmd(kube, ns, "cpu-demo")["status"]["observedGeneration"] == 2,
+        "the second reconcile",
+    )
+    assert condition(llmd(kube, ns, "cpu-demo"), "LeaderWorkerSet") == group
     assert events_for(plane, ns, "cpu-demo") == warning
 
 

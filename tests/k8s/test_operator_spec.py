@@ -67,15 +67,33 @@ def test_bad_model_sources(source: str, message: str) -> None:
             "autoscaling needs targetWaitingRequests and/or targetKVCacheUsage",
         ),
         (
-            {"model": {"source": "/m"}, "engine": {"tensorParallelSize": 2},
-             "resources": {"gpus": 1}},
-            "engine.tensorParallelSize 2 and resources.gpus 1 disagree: each rank runs on one "
-            "GPU of the pod, so they must be equal (with no GPUs, the ranks share the pod's CPUs)",
+            {"model": {"source": "/m"}, "engine": {"tensorParallelSize": 3},
+             "resources": {"gpus": 2}},
+            "engine.tensorParallelSize 3 × engine.pipelineParallelSize 1 = 3 ranks cannot be "
+            "spread evenly over pods of resources.gpus 2 ranks each: resources.gpus 2 must "
+            "divide 3",
         ),
         (
             {"model": {"source": "/m"}, "resources": {"gpus": 2}},
-            "engine.tensorParallelSize 1 and resources.gpus 2 disagree: each rank runs on one "
-            "GPU of the pod, so they must be equal (with no GPUs, the ranks share the pod's CPUs)",
+            "engine.tensorParallelSize 1 × engine.pipelineParallelSize 1 = 1 ranks cannot be "
+            "spread evenly over pods of resources.gpus 2 ranks each: resources.gpus 2 must "
+            "divide 1",
+        ),
+        (
+            {"model": {"source": "/m"}, "engine": {"tensorParallelSize": 4,
+             "pipelineParallelSize": 2}, "resources": {"ranksPerPod": 3}},
+            "engine.tensorParallelSize 4 × engine.pipelineParallelSize 2 = 8 ranks cannot be "
+            "spread evenly over pods of resources.ranksPerPod 3 ranks each: "
+            "resources.ranksPerPod 3 must divide 8",
+        ),
+        (
+            {"model": {"source": "/m"}, "engine": {"tensorParallelSize": 4},
+             "resources": {"gpus": 2, "ranksPerPod": 1}},
+            "resources.ranksPerPod 1 and resources.gpus 2 disagree: a pod runs one rank per GPU",
+        ),
+        (
+            {"model": {"source": "/m"}, "engine": {"pipelineParallelSize": 0}},
+            "spec.engine.pipelineParallelSize: Input should be greater than or equal to 1",
         ),
         ({"replicas": 1}, "spec.model: Field required"),
         (
@@ -182,6 +200,7 @@ def test_crd_defaults_equal_the_operators() -> None:
         "spec.engine.dtype",
         "spec.engine.enablePrefixCaching",
         "spec.engine.tensorParallelSize",
+        "spec.engine.pipelineParallelSize",
         "spec.engine.kvEvents.enabled",
         "spec.engine.kvEvents.port",
         "spec.drain.timeoutSeconds",

@@ -226,7 +226,7 @@ def test_every_flag_the_operator_renders_is_owned() -> None:
                "longPrefillTokenThreshold": 32, "gpuMemoryUtilization": 0.5,
                "toolCallParser": "llama3_json", "kvEvents": {"enabled": True},
                "distributedExecutorBackend": "uni", "quantization": "fp8",
-               "reasoningParser": "openai_gptoss",
+               "reasoningParser": "openai_gptoss", "maxCpuLoras": 2,
                "speculativeConfig": {"method": "ngram", "numSpeculativeTokens": 2}}  # fmt: skip
     body["spec"]["engine"] = engine
     spec, source = validated(body)
@@ -237,6 +237,7 @@ def test_every_flag_the_operator_renders_is_owned() -> None:
         "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
         "--long-prefill-token-threshold", "--block-size", "--gpu-memory-utilization",
         "--distributed-executor-backend", "--quantization", "--kv-cache-dtype",
+        "--max-loras", "--max-lora-rank", "--max-cpu-loras",
         "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
         "--kv-events-config", "--speculative-config",
     ]  # fmt: skip

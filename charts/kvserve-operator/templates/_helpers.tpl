@@ -40,7 +40,7 @@ through owner references and the garbage collector.
   verbs: [patch]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
   verbs: [list, watch, create, patch]
@@ -56,6 +56,12 @@ through owner references and the garbage collector.
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
   verbs: [list, watch, create, patch, delete]
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [llm-d.ai, inference.networking.x-k8s.io]
+  resources: [inferencemodelrewrites]
+  verbs: [list, create, patch, delete]
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
@@ -65,6 +71,9 @@ through owner references and the garbage collector.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
 {{- end -}}
 
 {{- define "kvserve-operator.image" -}}

@@ -197,12 +197,14 @@ class CPUAttention(TorchAttention):
 
 
 def _kernels_take(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
-    """Whether the C kernels take this step: float32 or bf16 on the CPU over a cache in
-    that dtype or e4m3, head_dim a multiple of 16."""
+    """Whether the C kernels take this step: float32 or bf16 on the CPU over a contiguous
+    cache in that dtype or e4m3 (not a layer's slice of pages of several layers), head_dim
+    a multiple of 16."""
     return (
         query.dtype in DTYPES
         and key_cache.dtype in (query.dtype, FP8)
         and key_cache.device.type == "cpu"
+        and key_cache.is_contiguous()
         and query.shape[2] % 16 == 0
     )
 

@@ -51,6 +51,7 @@ class Attention(nn.Module):
         softcap: float | None = None,
         scale: float | None = None,
         output_gate: bool = False,
+        projections: str = "qkv",
     ) -> None:
         """``qk_norm_eps``: the epsilon of RMSNorms on each q and k head (Qwen3), or None;
         ``v_norm_eps``: that of an RMSNorm without weight on each v head (Gemma 4), or None;
@@ -61,15 +62,28 @@ class Attention(nn.Module):
         of one logit per query head, split over the ranks as the query heads are;
         ``scale``: the softmax scale (None: ``head_dim**-0.5``); ``output_gate``: q_proj
         also gives each head a gate, and the head's output is multiplied by its sigmoid
-        before the output projection (Qwen3-Next, Qwen3.5)."""
+        before the output projection (Qwen3-Next, Qwen3.5); ``projections``: ``qkv``, or
+        ``qk`` (the values are the keys as projected, before the k norm and RoPE: Gemma 4's
+        ``attention_k_eq_v``), or ``q`` (the layer stores no keys and values and has no k
+        norm: it attends over the cache it is handed, another layer's: Gemma 4's KV-shared
+        layers)."""
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"a sliding window must be at least 1 token, got {sliding_window}")
         if softcap is not None and not softcap > 0:
             raise ValueError(f"an attention logit soft-cap must be positive, got {softcap}")
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
-            hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp, qkv_method, output_gate
+            hidden_size,
+            head_dim,
+            num_heads,
+            num_kv_heads,
+            qkv_bias,
+            tp,
+            qkv_method,
+            output_gate,
+            projections,
         )
+        self.projections = projections
         self.output_gate = output_gate
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
@@ -79,10 +93,9 @@ class Attention(nn.Module):
         )
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:
-            self.q_norm, self.k_norm = (
-                RMSNorm(head_dim, qk_norm_eps),
-                RMSNorm(head_dim, qk_norm_eps),
-            )
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
+            if projections != "q":
+                self.k_norm = RMSNorm(head_dim, qk_norm_eps)
         self.v_norm_eps = v_norm_eps
         self.rotary = rotary
         self.backend = backend
@@ -135,22 +148,31 @@ class Attention(nn.Module):
     ):
         """Every row's key and value go to the cache; the output is that of every row, or
         of rows ``out_rows`` alone (the output projection runs on them only)."""
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, *kv = self.qkv_proj(hidden).split(
+            [self.q_size, *[self.kv_size] * (len(self.projections) - 1)], dim=-1
+        )
         gate = None
         if self.output_gate:
             q, gate = q.view(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
             q = q.contiguous()
         q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.v_norm_eps is not None:
-            v = F.rms_norm(v, (self.head_dim,), eps=self.v_norm_eps)
-        q, k = self.rotary(positions, q, k)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
         key_cache, value_cache = kv_cache
         scales = self.kv_scales
-        self.backend.store_kv(k, v, key_cache, value_cache, meta.slot_mapping, scales)
+        if kv:
+            k = kv[0].view(-1, self.num_kv_heads, self.head_dim)
+            v = kv[-1].view(-1, self.num_kv_heads, self.head_dim)
+            if self.v_norm_eps is not None:
+                v = F.rms_norm(v, (self.head_dim,), eps=self.v_norm_eps)
+            elif self.projections == "qk":  # the rotation below may turn k in place
+                v = v.clone()
+            if self.k_norm is not None:
+                k = self.k_norm(k)
+            q, k = self.rotary(positions, q, k)
+            self.backend.store_kv(k, v, key_cache, value_cache, meta.slot_mapping, scales)
+        else:
+            q = self.rotary.query(positions, q)
         out = self.backend.attend(
             q,
             key_cache,

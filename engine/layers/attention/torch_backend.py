@@ -57,6 +57,12 @@ class TorchAttention(AttentionBackend):
             key = quantize(key, kv_scales.k).view(torch.uint8)
             value = quantize(value, kv_scales.v).view(torch.uint8)
             key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
+        if not key_cache.is_contiguous():  # a layer's slice of pages of several layers
+            block_size = key_cache.shape[1]
+            blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
+            key_cache[blocks, offsets] = key
+            value_cache[blocks, offsets] = value
+            return
         key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
         value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 

@@ -27,7 +27,7 @@ from torch import nn
 
 from kvserve.engine.kernels.mxfp4 import MXFP4_BLOCK, Mxfp4Weight, dequantize_mxfp4
 from kvserve.engine.layers import fused_ops
-from kvserve.engine.layers.activation import swigluoai_and_mul
+from kvserve.engine.layers.activation import gelu_tanh_and_mul, swigluoai_and_mul
 from kvserve.engine.layers.cpu_linear import packed_linear
 from kvserve.engine.layers.linear import divide, read, set_shard_ids, set_weight_loader, shape_of
 from kvserve.engine.layers.moe import stacked_experts
@@ -35,8 +35,12 @@ from kvserve.engine.layers.tensor_parallel import TensorParallel
 
 PARTS = ("w1", "w3", "w2")
 """The checkpoint tensors of one expert, as shard ids: gate, up, down."""
-ACTIVATIONS = {"silu": fused_ops.silu_and_mul, "swigluoai": swigluoai_and_mul}
-LAYOUTS = ("experts", "stacked", "mxfp4")
+ACTIVATIONS = {
+    "silu": fused_ops.silu_and_mul,
+    "swigluoai": swigluoai_and_mul,
+    "gelu_tanh": gelu_tanh_and_mul,
+}
+LAYOUTS = ("experts", "stacked", "mxfp4", "gate_up")
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,9 @@ class FusedMoE(nn.Module):
         """Checkpoint tensor ``shard_id = (expert, part)`` (part one of PARTS: ``[I, H]`` for
         w1 and w3, ``[H, I]`` for w2) into this rank's features of that expert; a tensor of
         every expert (``shard_id`` None: ``stacked_experts``) into every expert's."""
+        if shard_id is None and self.layout == "gate_up":
+            self._load_gate_up(param, loaded)
+            return
         if shard_id is None:
             name = next(n for n, p in self.named_parameters(recurse=False) if p is param)
             shape = (self.num_experts, self.hidden_size, self.full_intermediate)
@@ -160,11 +167,34 @@ class FusedMoE(nn.Module):
                 rows = param[expert].narrow(0, 0 if part == "w1" else n, n)
                 rows.copy_(read(loaded, 0, start, n))
 
+    def _load_gate_up(self, param: nn.Parameter, loaded: Any) -> None:
+        """Layout ``gate_up`` (transformers 5's stacked experts, Gemma 4's): ``gate_up_proj
+        [E, 2 * I, H]`` (every gate row, then every up row) into ``w13``, ``down_proj [E, H,
+        I]`` into ``w2``, this rank's features of each."""
+        w13 = param is self.w13
+        experts, hidden, inter = self.num_experts, self.hidden_size, self.full_intermediate
+        full = (experts, 2 * inter, hidden) if w13 else (experts, hidden, inter)
+        if shape_of(loaded) != full:
+            name = "gate_up_proj" if w13 else "down_proj"
+            raise ValueError(
+                f"the experts' {name} must have shape {list(full)} (num_experts, "
+                f"hidden_size, {self.what}), not {list(shape_of(loaded))}"
+            )
+        n, start = self.intermediate, self.tp.rank * self.intermediate
+        with torch.no_grad():
+            if not w13:
+                param.copy_(read(loaded, 2, start, n))
+                return
+            param[:, :n].copy_(read(loaded, 1, start, n))
+            param[:, n:].copy_(read(loaded, 1, inter + start, n))
+
     def process_weights_after_loading(self, kernels: str) -> None:
         """``kernels``: one of ``linear.KERNELS``. With ``cpu-packed`` each expert's two
         projections are packed for this CPU's kernel and the stacked weights dropped.
-        MXFP4 weights become ``Mxfp4Weight``s for ``triton``, else dense ``w13``/``w2``."""
-        self.kernels = kernels
+        MXFP4 weights become ``Mxfp4Weight``s for ``triton``, else dense ``w13``/``w2``.
+        The fused Triton kernel has no GeGLU: ``gelu_tanh`` experts run grouped in torch."""
+        no_fused_kernel = kernels == "triton" and self.activation == "gelu_tanh"
+        self.kernels = "torch" if no_fused_kernel else kernels
         if self.layout == "mxfp4":
             packed = {name: getattr(self, name) for name in stacked_experts.MXFP4_PARAMS}
             for name in stacked_experts.MXFP4_PARAMS:
