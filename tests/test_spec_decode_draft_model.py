@@ -87,16 +87,10 @@ def test_draft_model_errors_name_the_field(checkpoint, tmp_path):
         EngineConfig(
             model=path, speculative_config={"method": "draft_model", "num_speculative_tokens": 2}
         )
-    with pytest.raises(ValueError, match="runs with tensor_parallel_size 1, not 2"):
-        EngineConfig(
-            model=path,
-            tensor_parallel_size=2,
-            speculative_config={
-                "method": "draft_model",
-                "model": path,
-                "num_speculative_tokens": 2,
-            },
-        )
+    draft = {"method": "draft_model", "model": path, "num_speculative_tokens": 2}
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        with pytest.raises(ValueError, match=f"runs with {name} 1, not 2"):
+            EngineConfig(model=path, speculative_config=draft, **{name: 2})
     other = build_checkpoint("llama", tmp_path / "other", vocab_size=8)
     with pytest.raises(ValueError, match="has a vocabulary of 8 tokens"):
         LLM(
