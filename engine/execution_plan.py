@@ -170,8 +170,8 @@ def plan_execution(
             model_config, config.pipeline_parallel_size
         )
         stage = PipelineParallel.of_rank(rank, tp, config.pipeline_parallel_size)
-        held = held_pages(groups, stage.layers(model_config.num_layers))
-        elements = len(held) * groups[0].token_elements  # staged models: one page shape
+        pages = held_pages(groups, stage.layers(model_config.num_layers))
+        elements = len(pages) * groups[0].token_elements  # staged models: one page shape
     block_bytes = kv_block_bytes(config.block_size, kv_dtype, elements)
     block_bytes += draft_kv_block_bytes(config, config.block_size, kv_dtype)
     held = sum(
