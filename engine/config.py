@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from kvserve.engine.core.block_hash import HASH_ALGOS
 from kvserve.engine.kv_events import KVEventsConfig
 from kvserve.engine.settings import Crd, check_minimums, setting
+from kvserve.engine.spec_decode.config import SpeculativeConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 """torch dtype names: this module never imports torch, so the operator validates a server's
@@ -150,6 +151,14 @@ class EngineConfig:
         help="publish KV-cache events over ZMQ, vLLM's JSON keys, e.g. "
         '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "topic": "kv@POD@MODEL"}\'',
     )
+    speculative_config: SpeculativeConfig | None = setting(
+        None,
+        parse=SpeculativeConfig.from_json,
+        metavar="JSON",
+        help="speculative decoding, vLLM's JSON keys, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' '
+        "(default: off)",
+    )
 
     enable_lora: bool = setting(False, help="serve LoRA adapters (PEFT directories)")
     max_loras: int = setting(
@@ -167,6 +176,17 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, dict):
+            spec = SpeculativeConfig.from_dict(self.speculative_config)
+            object.__setattr__(self, "speculative_config", spec)
+        spec = self.speculative_config
+        if spec is not None and spec.method == "draft_model":
+            for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+                if getattr(self, name) != 1:
+                    raise ValueError(
+                        f"speculative_config.method draft_model runs with {name} 1, not "
+                        f"{getattr(self, name)}"
+                    )
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")

@@ -36,6 +36,7 @@ from kvserve.engine.layers.pipeline_parallel import PipelineParallel
 from kvserve.engine.models.decoder import DecoderLM
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.models.registry import model_class
+from kvserve.engine.spec_decode.draft_kv import draft_kv_block_bytes
 
 
 @dataclass(frozen=True)
@@ -169,9 +170,10 @@ def plan_execution(
             model_config, config.pipeline_parallel_size
         )
         stage = PipelineParallel.of_rank(rank, tp, config.pipeline_parallel_size)
-        held = held_pages(groups, stage.layers(model_config.num_layers))
-        elements = len(held) * groups[0].token_elements  # staged models: one page shape
+        pages = held_pages(groups, stage.layers(model_config.num_layers))
+        elements = len(pages) * groups[0].token_elements  # staged models: one page shape
     block_bytes = kv_block_bytes(config.block_size, kv_dtype, elements)
+    block_bytes += draft_kv_block_bytes(config, config.block_size, kv_dtype)
     held = sum(
         g.max_blocks(max_model_len, config.block_size, config.max_num_batched_tokens)
         for g in groups

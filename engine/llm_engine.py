@@ -19,6 +19,7 @@ from kvserve.engine.core.scheduler import (
 )
 from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
 from kvserve.engine.executor import ExecutorFailedError, build_executor
+from kvserve.engine.executor.model_runner import ModelRunner
 from kvserve.engine.input_processor import InputProcessor
 from kvserve.engine.kv_events import KVEventLog
 from kvserve.engine.kv_events_publisher import ZmqEventPublisher
@@ -30,6 +31,8 @@ from kvserve.engine.output_processor import delta_output, take_text
 from kvserve.engine.prompt_logprobs import record_prompt_logprobs
 from kvserve.engine.sampler import Sampler
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.spec_decode.speculator import Speculator
+from kvserve.engine.spec_decode.verifier import verify
 from kvserve.engine.startup import StartupPhases
 from kvserve.engine.structured.compiler import GrammarCompiler
 from kvserve.engine.tokenizer import load_tokenizer
@@ -95,6 +98,13 @@ class LLMEngine:
             assert config.max_cpu_loras is not None  # EngineConfig defaults it
             self.loras = LoRARegistry(self.model_config, config.max_lora_rank, config.max_cpu_loras)
         self.sampler = Sampler(self.eos_token_ids)
+        self.speculator: Speculator | None = None
+        if config.speculative_config is not None:
+            draft = self.runner.draft if isinstance(self.runner, ModelRunner) else None
+            self.speculator = Speculator(
+                config.speculative_config, self.max_model_len, self.kv, draft
+            )
+            self.scheduler.stats.spec_decoding = self.speculator.stats
         self.grammars = GrammarCompiler(
             self.tokenizer, self.model_config.vocab_size, tuple(sorted(self.eos_token_ids))
         )
@@ -253,18 +263,23 @@ class LLMEngine:
             return unusable + self._fail_step(out, exc)
         self._consecutive_failures = 0
         sampling = out.sampling_requests
-        sampled, failed = self._sample(logits[: len(sampling)], sampling)
-        failed += record_prompt_logprobs(out.prompt_logprob_spans, logits[len(sampling) :])
-        for request in failed:
-            self._fail(request)
-        kept = out.without_finished()
-        token_ids = []
-        for request in kept.sampling_requests:
-            token_id, logprob = sampled[request.request_id]
-            token_ids.append(token_id)
-            if logprob is not None:
-                request.logprobs.append(logprob)
-        self.scheduler.update(kept, token_ids, self.eos_token_ids)
+        if out.spec_token_ids:
+            failed = self._verify(out, logits)
+        else:
+            sampled, failed = self._sample(logits[: len(sampling)], sampling)
+            failed += record_prompt_logprobs(out.prompt_logprob_spans, logits[len(sampling) :])
+            for request in failed:
+                self._fail(request)
+            kept = out.without_finished()
+            token_ids = []
+            for request in kept.sampling_requests:
+                token_id, logprob = sampled[request.request_id]
+                token_ids.append(token_id)
+                if logprob is not None:
+                    request.logprobs.append(logprob)
+            self.scheduler.update(kept, token_ids, self.eos_token_ids)
+        if self.speculator is not None:
+            self.speculator.propose(r for r, _ in out.scheduled)
         outputs = [self._output(r) for r in sampling]
         outputs += [self._output(r) for r in failed if r not in sampling]
         finished = [r for r, _ in out.scheduled if r.is_finished]
@@ -273,6 +288,28 @@ class LLMEngine:
         if any(r.finish_reason == "error" for r in finished):
             self.scheduler.stats.num_failed_steps += 1
         return unusable + outputs
+
+    def _verify(self, out: SchedulerOutput, logits: torch.Tensor) -> list[Request]:
+        """A step with draft tokens: each sampling request keeps the tokens
+        ``spec_decode.verifier`` accepts, its rejected drafts' blocks are freed; the
+        requests that failed."""
+        assert self.speculator is not None
+        rows = out.num_sampling_rows
+        failed = record_prompt_logprobs(out.prompt_logprob_spans, logits[rows:])
+        for request in failed:
+            self._fail(request)
+        kept = out.without_finished()
+
+        def append(request: Request, token: int) -> None:
+            self.scheduler.append_token(request, token, self.eos_token_ids)
+
+        verified = verify(logits[:rows], out, self._sample, append)
+        self.scheduler.advance(kept.without(verified.failed), verified.num_rejected)
+        for request in verified.failed:
+            self._fail(request)
+        for num_drafts, num_accepted in verified.runs:
+            self.speculator.stats.observe(num_drafts, num_accepted)
+        return failed + verified.failed
 
     def _fail_unusable_grammars(self) -> list[RequestOutput]:
         """Fail the waiting requests whose grammar failed to compile; their outputs."""

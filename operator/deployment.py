@@ -41,7 +41,12 @@ from kvserve.operator.adapters import (
 )
 from kvserve.operator.quantity import parse_quantity
 from kvserve.operator.resource import HTTP_PORT, child_metadata, labels, selector_labels
-from kvserve.operator.spec import LLMDeploymentSpec, ModelSource, ranks_per_pod
+from kvserve.operator.spec import (
+    LLMDeploymentSpec,
+    ModelSource,
+    ranks_per_pod,
+    speculative_config_json,
+)
 from kvserve.server.server_settings import CRD_ENGINE_SETTINGS
 
 PRESTOP_SECONDS = 5
@@ -84,6 +89,8 @@ def serve_args(name: str, spec: LLMDeploymentSpec, source: ModelSource) -> list[
     ]  # fmt: skip
     if engine.kv_events.enabled:
         args += ["--kv-events-config", kv_events_config(spec, name)]
+    if engine.speculative_config is not None:
+        args += ["--speculative-config", speculative_config_json(engine.speculative_config)]
     return args + adapter_args(spec) + list(spec.extra_args)
 
 

@@ -12,6 +12,7 @@ renders it, and each has one place in the spec (or is fixed):
 - ``--device``: ``resources.gpus`` (the pod's GPU request);
 - ``--shutdown-timeout``: ``drain.timeoutSeconds`` (the termination grace period covers it);
 - ``--kv-events-config``: ``engine.kvEvents`` (its container port and ``POD_NAME``);
+- ``--speculative-config``: ``engine.speculativeConfig``;
 - ``--enable-lora``, ``--lora-modules``, ``--allow-runtime-lora-updating``: ``adapters``
   (``adapters``: the ``hf://`` ones are started with, the others loaded at run time, which the
   last one allows);
@@ -45,6 +46,7 @@ FIXED: dict[str, str] = {
     "--device": "set by spec.resources.gpus",
     "--shutdown-timeout": "set by spec.drain.timeoutSeconds",
     "--kv-events-config": "set by spec.engine.kvEvents",
+    "--speculative-config": "set by spec.engine.speculativeConfig",
     "--api-key": "set by spec.apiKeySecret",
     "--enable-lora": "set by spec.adapters",
     "--no-enable-lora": "set by spec.adapters",

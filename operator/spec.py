@@ -7,13 +7,15 @@ they go: ``names``) is checked here: ``parse_spec`` raises ``InvalidSpec``, whic
 reports as a ``Degraded`` condition and an Event instead of retrying.
 """
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from kvserve.engine.settings import Declared
+from kvserve.engine.spec_decode.config import SpeculativeConfig
 from kvserve.operator.names import label_value_problem, service_name_problem
 from kvserve.operator.quantity import check_quantity
 from kvserve.operator.resource import HTTP_PORT
@@ -76,6 +78,38 @@ class KVEventsSpec(_Spec):
     port: int = 5557
 
 
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(word.capitalize() for word in rest)
+
+
+if TYPE_CHECKING:
+
+    class SpeculativeSpec(_Spec):
+        """What mypy sees of the model built below."""
+
+        def __init__(self, **data: Any) -> None: ...
+
+else:
+    SpeculativeSpec = create_model(
+        "SpeculativeSpec",
+        __base__=_Spec,
+        __doc__="Speculative decoding (vLLM's ``--speculative-config``): ``SpeculativeConfig``'s "
+        "keys in camelCase, checked by the server's own rules (``server_args``).",
+        **{
+            f.name: (f.type, Field(f.default, alias=_camel(f.name)))
+            if f.default is not MISSING
+            else (f.type, Field(alias=_camel(f.name)))
+            for f in fields(SpeculativeConfig)
+        },
+    )
+
+
+def speculative_config_json(spec: "SpeculativeSpec") -> str:
+    """The ``--speculative-config`` JSON: the keys the spec sets, as vLLM spells them."""
+    return json.dumps(spec.model_dump(exclude_none=True))
+
+
 def _engine_field(d: Declared) -> tuple[Any, Any]:
     """A declared setting as an ``EngineSpec`` field: its CRD name, its choices as a Literal;
     None (the server's default) unless the CRD gives the default."""
@@ -95,6 +129,7 @@ if TYPE_CHECKING:
         tensor_parallel_size: int
         pipeline_parallel_size: int
         kv_events: KVEventsSpec
+        speculative_config: SpeculativeSpec | None
 
         def __init__(self, **data: Any) -> None:
             """Every field has a default (the CRD's, or None)."""
@@ -108,6 +143,7 @@ else:
         **{d.name: _engine_field(d) for d in CRD_ENGINE_SETTINGS},
         kv_events=(KVEventsSpec, Field(default_factory=KVEventsSpec, alias="kvEvents")),
         pipeline_parallel_size=(int, Field(1, alias="pipelineParallelSize", ge=1)),
+        speculative_config=(SpeculativeSpec | None, Field(None, alias="speculativeConfig")),
     )
 
 

@@ -15,6 +15,7 @@ from kvserve.engine.core.outputs import RequestOutput
 from kvserve.engine.startup import StartupPhases
 from kvserve.server.metrics_info import register_engine_info
 from kvserve.server.metrics_snapshot import ExpositionSnapshot
+from kvserve.server.spec_decode_metrics import SpecDecodeMetrics
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py): time to first token; inter-token latency and
 # time per output token; request latencies (end to end, queue).
@@ -36,8 +37,11 @@ PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, max_lora: int | None = None) -> None:
-        """``max_lora``: ``--max-loras`` with LoRA on (None: off, no LoRA metric)."""
+    def __init__(
+        self, model_name: str, max_lora: int | None = None, num_spec_tokens: int | None = None
+    ) -> None:
+        """``max_lora``: ``--max-loras`` with LoRA on (None: off, no LoRA metric);
+        ``num_spec_tokens``: the speculative config's (None: off, no ``spec_decode`` metric)."""
         self.model_name = model_name
         self.max_lora = max_lora
         self.registry = CollectorRegistry()
@@ -139,6 +143,9 @@ class ServerMetrics:
                 registry=registry,
             )
             self._set_lora_info((), ())
+        self.spec_decode: SpecDecodeMetrics | None = None
+        if num_spec_tokens is not None:
+            self.spec_decode = SpecDecodeMetrics(registry, model_name, num_spec_tokens)
         self._last_counts = (0, 0, 0, 0)
         # Per unfinished request that has tokens: when its latest token came out.
         self._last_token_time: dict[tuple[str, int], float | None] = {}  # by (request, sample)
@@ -219,6 +226,8 @@ class ServerMetrics:
         for metric, new, old in zip(metrics, counts, self._last_counts, strict=True):
             metric.inc(max(new - old, 0))
         self._last_counts = counts
+        if self.spec_decode is not None and stats.spec_decoding is not None:
+            self.spec_decode.count(stats.spec_decoding)
 
     def on_engine_dead(self, stats, num_failed: int) -> None:
         """The engine stopped for good: its ``num_failed`` open requests will never finish."""

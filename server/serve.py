@@ -104,7 +104,12 @@ async def _serve(
     tracer: "RequestTracer | None",
     loras: ServedLoRAs,
 ) -> int:
-    metrics = ServerMetrics(name, engine.config.max_loras if engine.config.enable_lora else None)
+    spec = engine.config.speculative_config
+    metrics = ServerMetrics(
+        name,
+        engine.config.max_loras if engine.config.enable_lora else None,
+        spec.num_speculative_tokens if spec is not None else None,
+    )
     metrics.describe_engine(cache_config_labels(engine), engine.startup)
     llm = AsyncLLM(engine, metrics)
     llm.start()

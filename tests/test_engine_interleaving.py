@@ -1,7 +1,9 @@
 """Requests arriving and being aborted between any two steps, under block pressure with
 prefix caching and chunked prefill: after every step each block's references match the
 requests holding it, an aborted request says nothing more, every other request ends with
-exactly its own greedy tokens (transformers'), and at the end every block is free."""
+exactly its own greedy tokens (transformers'), and at the end every block is free; the same
+with n-gram speculative decoding, whose drafts are both accepted and rejected, and with a
+draft model (the target itself: every draft accepted)."""
 
 import random
 
@@ -16,6 +18,7 @@ from audit import assert_all_released, audit_blocks
 from reference import assert_greedy_match, hf_greedy
 
 ARRIVALS = 40
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
 
 
 def arrivals(seed: int) -> list[tuple[str, list[int], int]]:
@@ -35,9 +38,16 @@ def arrivals(seed: int) -> list[tuple[str, list[int], int]]:
     return requests
 
 
+@pytest.mark.parametrize(
+    "speculative_config", [None, NGRAM, "draft"], ids=["plain", "ngram", "draft_model"]
+)
 @pytest.mark.parametrize("seed", range(4))
-def test_arrivals_and_aborts_between_any_steps_keep_every_block_and_token(checkpoint, seed):
+def test_arrivals_and_aborts_between_any_steps_keep_every_block_and_token(
+    checkpoint, seed, speculative_config
+):
     path = str(checkpoint("llama"))
+    if speculative_config == "draft":
+        speculative_config = {"method": "draft_model", "model": path, "num_speculative_tokens": 3}
     engine = LLMEngine(
         EngineConfig(
             model=path,
@@ -47,6 +57,7 @@ def test_arrivals_and_aborts_between_any_steps_keep_every_block_and_token(checkp
             max_num_batched_tokens=24,
             max_num_seqs=6,
             enable_prefix_caching=True,
+            speculative_config=speculative_config,
         )
     )
     rng = random.Random(seed + 1000)
@@ -84,3 +95,10 @@ def test_arrivals_and_aborts_between_any_steps_keep_every_block_and_token(checkp
     stats = engine.stats
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0, stats
     assert len(aborted) >= 3
+    if engine.speculator is not None:
+        spec = engine.speculator.stats
+        assert spec.num_accepted_tokens > 0, spec
+        if speculative_config is NGRAM:
+            assert spec.num_accepted_tokens < spec.num_draft_tokens, spec
+        else:
+            assert spec.num_accepted_tokens == spec.num_draft_tokens, spec

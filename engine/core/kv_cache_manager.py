@@ -202,6 +202,14 @@ class KVCacheManager:
                     )
             request.block_hashes.append(block_hash)
 
+    def free_past_computed(self, request: Request) -> None:
+        """Release the blocks past those of the request's computed tokens, tail first: the
+        blocks that only rejected draft tokens used (speculative decoding)."""
+        keep = cdiv(request.num_computed_tokens, self.block_size)
+        for table in request.block_tables:
+            self.pool.free([self.pool.blocks[i] for i in reversed(table[keep:])])
+            del table[keep:]
+
     def free(self, request: Request) -> None:
         """Release the request's blocks, each table tail first, and its state slot; empty
         its tables."""

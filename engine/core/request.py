@@ -78,6 +78,9 @@ class Request:
         self.prompt_logprobs: list[Logprob | None] = [None]
         self.generator: torch.Generator | None = None
         self.grammar = grammar  # a constrained request's: what it may sample next
+        # Draft tokens a proposer guessed after its last token (speculative decoding), which
+        # the next step that schedules it at its end verifies.
+        self.spec_token_ids: list[int] = []
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
 

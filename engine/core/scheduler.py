@@ -3,10 +3,12 @@
 import logging
 import time
 from collections import deque
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from kvserve.engine.core.kv_cache_manager import KVCacheManager
 from kvserve.engine.core.request import Request, RequestStatus
+from kvserve.engine.spec_decode.stats import SpecDecodeStats
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +55,25 @@ class SchedulerOutput:
     - ``prompt_logprob_spans``: for each request asking for prompt logprobs, the positions
       computed this step whose logits score the next prompt token (the logits rows after
       the sampling ones, in order).
+    - ``spec_token_ids``: by request id, the draft tokens scheduled after a sampling
+      request's last token (counted in its new tokens); such a request has a logits row for
+      its last token and one for each draft, in order (speculative decoding).
     """
 
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     sampling_requests: list[Request] = field(default_factory=list)
     prompt_logprob_spans: list[tuple[Request, range]] = field(default_factory=list)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
-    def add(self, request: Request, num_new: int) -> None:
-        """Schedule ``num_new`` tokens of ``request`` from its ``num_computed_tokens`` on."""
+    def add(self, request: Request, num_new: int, drafts: list[int] | None = None) -> None:
+        """Schedule ``num_new`` tokens of ``request`` from its ``num_computed_tokens`` on,
+        the last ``len(drafts)`` of them ``drafts`` after its last token."""
         start = request.num_computed_tokens
         self.scheduled.append((request, num_new))
-        if start + num_new == request.num_tokens:
+        if drafts:
+            self.spec_token_ids[request.request_id] = drafts
+        if start + num_new == request.num_tokens + len(drafts or ()):
             self.sampling_requests.append(request)
         if request.params.prompt_logprobs is not None:
             end = min(start + num_new, request.num_prompt_tokens - 1)
@@ -73,12 +82,34 @@ class SchedulerOutput:
 
     def without_finished(self) -> "SchedulerOutput":
         """The same step less the requests finished since it was made (failed ones)."""
+        return self.without([r for r, _ in self.scheduled if r.is_finished])
+
+    def without(self, dropped: Collection[Request]) -> "SchedulerOutput":
+        """The same step less the requests of ``dropped``."""
+        gone = {id(r) for r in dropped}
+        scheduled = [(r, n) for r, n in self.scheduled if id(r) not in gone]
+        kept = {r.request_id for r, _ in scheduled}
         return SchedulerOutput(
-            [(r, n) for r, n in self.scheduled if not r.is_finished],
+            scheduled,
             self.preempted,
-            [r for r in self.sampling_requests if not r.is_finished],
-            [(r, span) for r, span in self.prompt_logprob_spans if not r.is_finished],
+            [r for r in self.sampling_requests if id(r) not in gone],
+            [(r, span) for r, span in self.prompt_logprob_spans if id(r) not in gone],
+            {k: drafts for k, drafts in self.spec_token_ids.items() if k in kept},
         )
+
+    def input_token_ids(self, request: Request, num_new: int) -> list[int]:
+        """The ``num_new`` tokens of ``request`` this step computes, its drafts last."""
+        start = request.num_computed_tokens
+        tokens = request.all_token_ids[start : start + num_new]
+        return tokens + self.spec_token_ids.get(request.request_id, [])
+
+    def num_drafts(self, request: Request) -> int:
+        return len(self.spec_token_ids.get(request.request_id, ()))
+
+    @property
+    def num_sampling_rows(self) -> int:
+        """The logits rows of the sampling requests: one each, and one per draft."""
+        return len(self.sampling_requests) + sum(len(d) for d in self.spec_token_ids.values())
 
     @property
     def num_batched_tokens(self) -> int:
@@ -100,6 +131,8 @@ class SchedulerStats:
     # With LoRA on: the adapters of the running and of the waiting requests, sorted.
     running_lora_adapters: tuple[str, ...] = ()
     waiting_lora_adapters: tuple[str, ...] = ()
+    # With speculative decoding on: the engine's counts of drafts (cumulative).
+    spec_decoding: SpecDecodeStats | None = None
 
 
 class Scheduler:
@@ -128,7 +161,11 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = self.config.chunk(request.num_tokens - request.num_computed_tokens, budget)
+            remaining = request.num_tokens - request.num_computed_tokens
+            # a request at its last token may verify its drafts, as far as the budget goes
+            drafts = request.spec_token_ids if remaining == 1 else []
+            num_new = self.config.chunk(remaining + len(drafts), budget)
+            drafts = drafts[: num_new - remaining]
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -136,7 +173,8 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                out.add(request, num_new)
+                out.add(request, num_new, drafts)
+                request.spec_token_ids = []  # verified this step; the proposer guesses anew
                 budget -= num_new
                 index += 1
         # A request whose grammar is still compiling keeps its place; the others pass it.
@@ -176,24 +214,37 @@ class Scheduler:
         self.stats.num_preemptions += 1
 
     def update(self, out: SchedulerOutput, sampled: list[int], eos_token_ids: set[int]) -> None:
-        """Advance each scheduled request by its tokens and append the sampled
-        tokens (``sampled`` follows ``out.sampling_requests``); finish and free the
-        requests that hit a stop condition, and those whose stop check raised (reason
-        ``"error"``: one request's text cannot stop the others)."""
-        for request, num_new in out.scheduled:
-            request.num_computed_tokens += num_new
-        now = time.monotonic()
+        """Append the sampled tokens (``sampled`` follows ``out.sampling_requests``) and
+        ``advance``."""
         for request, token in zip(out.sampling_requests, sampled, strict=True):
-            request.all_token_ids.append(token)
-            if request.first_token_time is None:
-                request.first_token_time = now
-            request.last_token_time = now
-            try:
-                self._check_stop(request, token, eos_token_ids)
-            except Exception:
-                log.exception("the stop check of request %s failed", request.request_id)
-                request.finish("error")
-        for request, _ in out.scheduled:
+            self.append_token(request, token, eos_token_ids)
+        self.advance(out)
+
+    def append_token(self, request: Request, token: int, eos_token_ids: set[int]) -> None:
+        """Append one sampled token; finish the request if it hits a stop condition, or if
+        its stop check raised (reason ``"error"``: one request's text cannot stop the
+        others)."""
+        request.all_token_ids.append(token)
+        now = time.monotonic()
+        if request.first_token_time is None:
+            request.first_token_time = now
+        request.last_token_time = now
+        try:
+            self._check_stop(request, token, eos_token_ids)
+        except Exception:
+            log.exception("the stop check of request %s failed", request.request_id)
+            request.finish("error")
+
+    def advance(self, out: SchedulerOutput, num_rejected: Mapping[str, int] | None = None) -> None:
+        """Advance each scheduled request by its tokens, less its rejected drafts
+        (``num_rejected``, by request id); the blocks past its computed tokens (those of
+        rejected drafts, or a draft model's beyond the drafts scheduled) go back to the pool;
+        index the computed blocks; free the finished requests."""
+        for request, num_new in out.scheduled:
+            rejected = num_rejected.get(request.request_id, 0) if num_rejected else 0
+            request.num_computed_tokens += num_new - rejected
+            if not request.is_finished:
+                self.kv.free_past_computed(request)
             self.kv.cache_computed_blocks(request)
             if request.is_finished:
                 self._remove(request)

@@ -34,11 +34,17 @@ def split(out: SchedulerOutput, count: int) -> list[SchedulerOutput]:
         ids = {id(r) for r, _ in part.scheduled}
         part.sampling_requests = [r for r in out.sampling_requests if id(r) in ids]
         part.prompt_logprob_spans = [s for s in out.prompt_logprob_spans if id(s[0]) in ids]
+        part.spec_token_ids = {
+            r.request_id: out.spec_token_ids[r.request_id]
+            for r, _ in part.scheduled
+            if r.request_id in out.spec_token_ids
+        }
     return parts
 
 
 def join_logits(parts: Sequence[SchedulerOutput], logits: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The step's logits from each micro-batch's: every sampling row first, in order."""
-    sampling = [x[: len(p.sampling_requests)] for p, x in zip(parts, logits, strict=True)]
-    spans = [x[len(p.sampling_requests) :] for p, x in zip(parts, logits, strict=True)]
+    """The step's logits from each micro-batch's: every sampling row (and draft row) first,
+    in order."""
+    sampling = [x[: p.num_sampling_rows] for p, x in zip(parts, logits, strict=True)]
+    spans = [x[p.num_sampling_rows :] for p, x in zip(parts, logits, strict=True)]
     return torch.cat(sampling + spans)

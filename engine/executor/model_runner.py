@@ -34,6 +34,8 @@ from kvserve.engine.models.decoder import StepMetadata
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.spec_decode.draft_kv import draft_config
+from kvserve.engine.spec_decode.draft_model import DraftModel
 from kvserve.engine.startup import StartupPhases
 
 
@@ -45,7 +47,8 @@ class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: StepMetadata
-    logits_indices: torch.Tensor  # rows whose logits are sampled, one per sampling request
+    logits_indices: torch.Tensor  # rows whose logits are sampled: each sampling request's
+    # last one, and one per draft token it verifies
     every_row: bool  # logits_indices are all the rows, in order (as in a decode-only step)
     lora_rows: np.ndarray | None = None  # each row's LoRA slot (-1: base model); None: none
     lora_fills: list[tuple[int, LoRAAdapter]] = dataclasses.field(default_factory=list)
@@ -124,6 +127,10 @@ class ModelRunner:
                 spec = model_config.gated_delta_net.state_spec(tp.size, dtype)
                 for layer in self.linear_layers:
                     self.kv_caches[layer] = spec.allocate(plan.num_state_slots, device)
+        self.draft: DraftModel | None = None
+        if draft_config(config) is not None:
+            with self.startup.measure("load", device):
+                self.draft = DraftModel(config, model_config, plan)
         if device.type == "cpu":
             host_allocator.keep_step_memory()
         self.forward: Callable[..., torch.Tensor] = self.model
@@ -190,7 +197,7 @@ class ModelRunner:
         tables = np.zeros((num_groups, len(out.scheduled), width), dtype=np.int32)
         for row, (request, num_new) in enumerate(out.scheduled):
             start = request.num_computed_tokens
-            ids.extend(request.all_token_ids[start : start + num_new])
+            ids.extend(out.input_token_ids(request, num_new))
             pos = np.arange(start, start + num_new)
             positions.append(pos)
             for group, block_ids in enumerate(request.block_tables):
@@ -205,7 +212,12 @@ class ModelRunner:
             id(r): end - n - r.num_computed_tokens
             for (r, n), end in zip(out.scheduled, ends, strict=True)
         }
-        sampling = [offset[id(r)] + r.num_tokens - 1 for r in out.sampling_requests]
+        # a sampling request's rows: its last token's, then each of its drafts'
+        sampling = [
+            offset[id(r)] + r.num_tokens - 1 + j
+            for r in out.sampling_requests
+            for j in range(1 + out.num_drafts(r))
+        ]
         logits_rows = [np.asarray(sampling, dtype=np.int64)]
         for request, span in out.prompt_logprob_spans:
             logits_rows.append(np.arange(span.start, span.stop) + offset[id(request)])
@@ -295,10 +307,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Run a prepared step on this rank; fp32 logits ``[len(out.sampling_requests),
-        vocab]``, followed by the rows of ``out.prompt_logprob_spans`` in order (every rank
-        gets all of them: the LM head gathers them). Only those rows go through the last
-        layer's output projection and MLP (see ``DecoderLM.forward``)."""
+        """Run a prepared step on this rank; fp32 logits: a row per sampling request (and
+        one per draft token it verifies, after it), followed by the rows of
+        ``out.prompt_logprob_spans`` in order (every rank gets all of them: the LM head
+        gathers them). Only those rows go through the last layer's output projection and
+        MLP (see ``DecoderLM.forward``). With a draft model, it computes its KV for the same
+        tokens too."""
         rows = None if inputs.every_row else inputs.logits_indices
         if self.pp.size > 1:
             return self._run_stage(inputs, rows)
@@ -308,9 +322,15 @@ class ModelRunner:
                 self.lora.load(slot, adapter)
             self.lora.set_rows(inputs.lora_rows)
             hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-            return self.model.logits(hidden if rows is None else hidden[rows])
-        hidden = self.forward(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, rows)
-        return self.model.logits(hidden)
+            logits = self.model.logits(hidden if rows is None else hidden[rows])
+        else:
+            hidden = self.forward(
+                inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, rows
+            )
+            logits = self.model.logits(hidden)
+        if self.draft is not None:  # the draft's KV for the same tokens (speculative decoding)
+            self.draft.forward_step(inputs.input_ids, inputs.positions, inputs.meta)
+        return logits
 
     def _run_stage(self, inputs: StepInputs, rows: torch.Tensor | None) -> torch.Tensor:
         """This pipeline stage's part of the step (``_stage_forward``); the logits on the

@@ -1,6 +1,7 @@
 """The CRD is a valid apiextensions/v1 object and its samples pass its own schema."""
 
 import copy
+import dataclasses
 
 import jsonschema
 import kubernetes_validate
@@ -15,6 +16,7 @@ from k8s.support import (
     load_sample,
 )
 from kvserve.engine.settings import Declared
+from kvserve.engine.spec_decode.config import SpeculativeConfig
 from kvserve.server.server_settings import CRD_ENGINE_SETTINGS
 
 JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
@@ -95,11 +97,32 @@ def _declared_schema(d: Declared) -> dict[str, object]:
 def test_crd_engine_block_is_the_settings_declaration() -> None:
     """Names, types, enums, bounds and defaults of ``spec.engine``: a setting declared with a
     ``Crd`` and missing here (or here and not declared) fails this test; ``kvEvents`` and
-    ``pipelineParallelSize`` are the operator's own."""
+    ``pipelineParallelSize`` are the operator's own, ``speculativeConfig`` is
+    ``SpeculativeConfig``'s (below)."""
     engine = crd_schema()["properties"]["spec"]["properties"]["engine"]["properties"]
     in_crd = {
         name: {key: value for key, value in prop.items() if key != "description"}
         for name, prop in engine.items()
-        if name not in ("kvEvents", "pipelineParallelSize")
+        if name not in ("kvEvents", "pipelineParallelSize", "speculativeConfig")
     }
     assert in_crd == {d.crd_name: _declared_schema(d) for d in CRD_ENGINE_SETTINGS}
+
+
+def test_crd_speculative_config_is_the_configs_fields() -> None:
+    """``engine.speculativeConfig``: ``SpeculativeConfig``'s fields in camelCase, the required
+    ones required, the counts at least 1."""
+    engine = crd_schema()["properties"]["spec"]["properties"]["engine"]["properties"]
+    spec = engine["speculativeConfig"]
+    assert spec["required"] == ["method", "numSpeculativeTokens"]
+    assert spec["properties"] == {
+        "method": {"type": "string"},
+        "numSpeculativeTokens": {"type": "integer", "minimum": 1},
+        "promptLookupMin": {"type": "integer", "minimum": 1},
+        "promptLookupMax": {"type": "integer", "minimum": 1},
+        "model": {"type": "string"},
+    }
+    camel = [
+        f.name.split("_")[0] + "".join(w.capitalize() for w in f.name.split("_")[1:])
+        for f in dataclasses.fields(SpeculativeConfig)
+    ]
+    assert list(spec["properties"]) == camel

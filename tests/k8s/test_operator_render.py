@@ -310,6 +310,20 @@ def test_kv_events_default_port_and_off_by_default() -> None:
     assert server["ports"][1] == {"name": "kv-events", "containerPort": 5557, "protocol": "TCP"}
 
 
+def test_speculative_config_exact() -> None:
+    body = owner("cpu-demo.yaml")
+    body["spec"]["engine"] = {
+        "speculativeConfig": {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMax": 3}
+    }
+    server = render(body)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert server["args"][-2:] == [
+        "--speculative-config",
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}',
+    ]
+    plain = render(owner("cpu-demo.yaml"))["Deployment"]["spec"]["template"]["spec"]
+    assert "--speculative-config" not in plain["containers"][0]["args"]
+
+
 def test_user_env_replaces_ours_by_name() -> None:
     body = owner("cpu-demo.yaml")
     body["spec"]["env"] = [{"name": "HOME", "value": "/home/x"}, {"name": "A", "value": "1"}]

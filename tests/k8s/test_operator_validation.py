@@ -153,6 +153,11 @@ def test_a_setting_the_server_refuses_is_refused_as_the_server_refuses_it() -> N
         ),
         ({"extraArgs": ["--num-kv-blocks", "0"]}, "num_kv_blocks must be >= 1, got 0"),
         (
+            {"engine": {"speculativeConfig": {"method": "eagle", "numSpeculativeTokens": 2}}},
+            "argument --speculative-config: speculative_config.method 'eagle' is not supported "
+            "(a vLLM method kvserve does not run); supported: ngram, draft_model",
+        ),
+        (
             {"env": [{"name": "KVSERVE_ATTENTION_BACKEND", "value": "flash"}]},
             "kvserve: KVSERVE_ATTENTION_BACKEND must be one of auto, torch, cpu, triton",
         ),
@@ -221,7 +226,8 @@ def test_every_flag_the_operator_renders_is_owned() -> None:
                "longPrefillTokenThreshold": 32, "gpuMemoryUtilization": 0.5,
                "toolCallParser": "llama3_json", "kvEvents": {"enabled": True},
                "distributedExecutorBackend": "uni", "quantization": "fp8",
-               "reasoningParser": "openai_gptoss", "maxCpuLoras": 2}  # fmt: skip
+               "reasoningParser": "openai_gptoss", "maxCpuLoras": 2,
+               "speculativeConfig": {"method": "ngram", "numSpeculativeTokens": 2}}  # fmt: skip
     body["spec"]["engine"] = engine
     spec, source = validated(body)
     rendered = [a for a in serve_args("cpu-demo", spec, source) if a.startswith("--")]
@@ -233,7 +239,7 @@ def test_every_flag_the_operator_renders_is_owned() -> None:
         "--distributed-executor-backend", "--quantization", "--kv-cache-dtype",
         "--max-loras", "--max-lora-rank", "--max-cpu-loras",
         "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
-        "--kv-events-config",
+        "--kv-events-config", "--speculative-config",
     ]  # fmt: skip
     assert {d.flag for d in CRD_ENGINE_SETTINGS} <= set(rendered)
     assert [a for a in rendered if a not in OWNED] == []
