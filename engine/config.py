@@ -120,6 +120,15 @@ class EngineConfig:
         '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "topic": "kv@POD@MODEL"}\'',
     )
 
+    async_scheduling: bool = setting(
+        False,
+        crd=Crd(),
+        help="schedule and prepare step N+1 while step N runs: step N's sampled tokens feed "
+        "step N+1 on the device; their copy to the host, detokenization, stop checks and "
+        "streaming happen while the next step runs (a request that ends in step N costs one "
+        "thrown-away token of step N+1)",
+    )
+
     enable_lora: bool = setting(False, help="serve LoRA adapters (PEFT directories)")
     max_loras: int = setting(1, minimum=1, help="LoRA adapters resident on the device at once")
     max_lora_rank: int = setting(16, minimum=1, help="the highest LoRA rank an adapter may have")

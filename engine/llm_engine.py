@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvserve.engine.async_step import AsyncSteps
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.core.kv_cache_manager import KVCacheManager
 from kvserve.engine.core.outputs import Logprob, RequestOutput
@@ -17,6 +18,7 @@ from kvserve.engine.core.scheduler import (
     SchedulerOutput,
     SchedulerStats,
 )
+from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
 from kvserve.engine.executor import ExecutorFailedError, build_executor
 from kvserve.engine.input_processor import InputProcessor
@@ -110,6 +112,7 @@ class LLMEngine:
             config.seed,
         )
         self._consecutive_failures = 0
+        self._async = AsyncSteps(self) if config.async_scheduling else None
         log.info("execution plan: %s", self.plan)
         log.info("startup phases: %s", self.startup)
 
@@ -180,14 +183,23 @@ class LLMEngine:
         return aborted
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests queued or running, or (async scheduling) a step still in flight."""
+        in_flight = self._async is not None and self._async.has_in_flight()
+        return self.scheduler.has_unfinished() or in_flight
 
     def step(self) -> list[RequestOutput]:
         """One step (see ``_step``), its samples' outputs under their request's id; then the
         held samples that may start now go to the scheduler, and the step's KV-cache events,
         if any, to the publisher."""
         try:
-            return [self.parents.relabel(output) for output in self._step()]
+            if self._async is None:
+                outputs = self._step()
+            else:
+                try:
+                    outputs = self._async.step()
+                except ExecutorFailedError as exc:
+                    raise EngineDeadError(f"the executor failed: {exc}") from exc
+            return [self.parents.relabel(output) for output in outputs]
         finally:
             for request in self.parents.release():
                 self.scheduler.add(request)
@@ -209,7 +221,9 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the executor's workers; close the KV-event publisher, after it sent what is
-        queued; stop compiling."""
+        queued; stop compiling (and the step thread, after its step in flight)."""
+        if self._async is not None:
+            self._async.shutdown()
         self.runner.shutdown()
         self.grammars.shutdown()
         if self.kv_events is not None:
@@ -239,10 +253,7 @@ class LLMEngine:
         unusable = self._fail_unusable_grammars()
         out = self.scheduler.schedule()
         if not out.scheduled:
-            if self._compiling:
-                grammar = self._compiling[0].grammar
-                assert grammar is not None
-                grammar.wait(GRAMMAR_POLL_S)
+            self._wait_for_grammar()
             return unusable
         try:
             logits = self.runner.execute(out)
@@ -253,7 +264,7 @@ class LLMEngine:
             return unusable + self._fail_step(out, exc)
         self._consecutive_failures = 0
         sampling = out.sampling_requests
-        sampled, failed = self._sample(logits[: len(sampling)], sampling)
+        sampled, failed, _ = self._sample(logits[: len(sampling)], sampling)
         failed += record_prompt_logprobs(out.prompt_logprob_spans, logits[len(sampling) :])
         for request in failed:
             self._fail(request)
@@ -274,6 +285,13 @@ class LLMEngine:
             self.scheduler.stats.num_failed_steps += 1
         return unusable + outputs
 
+    def _wait_for_grammar(self) -> None:
+        """With nothing to run: wait a moment for the first grammar still compiling, if any."""
+        if self._compiling:
+            grammar = self._compiling[0].grammar
+            assert grammar is not None
+            grammar.wait(GRAMMAR_POLL_S)
+
     def _fail_unusable_grammars(self) -> list[RequestOutput]:
         """Fail the waiting requests whose grammar failed to compile; their outputs."""
         failed, self._compiling = [], [r for r in self._compiling if not r.is_finished]
@@ -289,13 +307,18 @@ class LLMEngine:
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request]
-    ) -> tuple[dict[str, tuple[int, Logprob | None]], list[Request]]:
+    ) -> tuple[dict[str, tuple[int, Logprob | None]], list[Request], torch.Tensor]:
         """Each request's token and logprob, sampled as one batch or, if that raises, row by
-        row; and the requests whose own row raised."""
+        row; the requests whose own row raised; and the tokens on the logits' device, one
+        per row (0 in a row that raised)."""
         try:
             out = self.sampler(logits, requests)
             rows = zip(out.token_ids, out.logprobs, strict=True)
-            return {r.request_id: row for r, row in zip(requests, rows, strict=True)}, []
+            return (
+                {r.request_id: row for r, row in zip(requests, rows, strict=True)},
+                [],
+                out.tokens,
+            )
         except Exception:
             log.exception("sampling a batch of %d failed; sampling row by row", len(requests))
         sampled, failed = {}, []
@@ -307,7 +330,8 @@ class LLMEngine:
                 failed.append(request)
                 continue
             sampled[request.request_id] = (out.token_ids[0], out.logprobs[0])
-        return sampled, failed
+        tokens = [sampled[r.request_id][0] if r not in failed else 0 for r in requests]
+        return sampled, failed, to_device(tokens, logits.device, torch.long)
 
     def _fail_step(self, out: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         """The forward raised: nothing in it can be trusted, so all its requests fail."""

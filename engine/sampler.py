@@ -18,6 +18,7 @@ from kvserve.engine.structured.bitmask import apply_grammar_masks
 class SamplerOutput:
     token_ids: list[int]  # one per row
     logprobs: list[Logprob | None]  # one per row; None where the request did not ask
+    tokens: torch.Tensor  # token_ids on the logits' device (async scheduling feeds them on)
 
 
 def _flat_index(rows: Sequence[Sequence[int]], device: torch.device):
@@ -62,10 +63,10 @@ class Sampler:
         tokens = self._sample(self.adjust_logits(logits, requests), requests)
         wanted = [r.params.logprobs for r in requests]
         if all(n is None for n in wanted):
-            return SamplerOutput(tokens.tolist(), [None] * len(requests))
+            return SamplerOutput(tokens.tolist(), [None] * len(requests), tokens)
         found = logprobs_of(logits, tokens, [n or 0 for n in wanted])
         chosen = [lp if n is not None else None for lp, n in zip(found, wanted, strict=True)]
-        return SamplerOutput(tokens.tolist(), chosen)
+        return SamplerOutput(tokens.tolist(), chosen, tokens)
 
     def adjust_logits(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         params = [r.params for r in requests]

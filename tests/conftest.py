@@ -1,3 +1,4 @@
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -34,3 +35,20 @@ def checkpoint(tmp_path_factory):
         return built[name]
 
     return get
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def scheduling(request, monkeypatch):
+    """Run the test twice: every ``LLMEngine`` it builds with async scheduling off, then on
+    (``--async-scheduling``); the value is whether it is on. A module opts in with
+    ``pytestmark = pytest.mark.usefixtures("scheduling")``."""
+    if request.param:
+        from kvserve.engine.llm_engine import LLMEngine
+
+        build = LLMEngine.__init__
+
+        def build_async(self, config, *args, **kwargs):
+            build(self, dataclasses.replace(config, async_scheduling=True), *args, **kwargs)
+
+        monkeypatch.setattr(LLMEngine, "__init__", build_async)
+    return request.param

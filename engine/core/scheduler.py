@@ -64,7 +64,7 @@ class SchedulerOutput:
         """Schedule ``num_new`` tokens of ``request`` from its ``num_computed_tokens`` on."""
         start = request.num_computed_tokens
         self.scheduled.append((request, num_new))
-        if start + num_new == request.num_tokens:
+        if start + num_new == request.num_tokens_with_placeholders:
             self.sampling_requests.append(request)
         if request.params.prompt_logprobs is not None:
             end = min(start + num_new, request.num_prompt_tokens - 1)
@@ -128,7 +128,8 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = self.config.chunk(request.num_tokens - request.num_computed_tokens, budget)
+            remaining = request.num_tokens_with_placeholders - request.num_computed_tokens
+            num_new = self.config.chunk(remaining, budget)
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -184,19 +185,37 @@ class Scheduler:
             request.num_computed_tokens += num_new
         now = time.monotonic()
         for request, token in zip(out.sampling_requests, sampled, strict=True):
-            request.all_token_ids.append(token)
-            if request.first_token_time is None:
-                request.first_token_time = now
-            request.last_token_time = now
-            try:
-                self._check_stop(request, token, eos_token_ids)
-            except Exception:
-                log.exception("the stop check of request %s failed", request.request_id)
-                request.finish("error")
-        for request, _ in out.scheduled:
-            self.kv.cache_computed_blocks(request)
+            self.append_token(request, token, eos_token_ids, now)
+        self.settle([request for request, _ in out.scheduled])
+
+    def append_token(
+        self, request: Request, token: int, eos_token_ids: set[int], now: float
+    ) -> None:
+        """Append a sampled token and finish the request if it hit a stop condition (reason
+        ``"error"`` if its stop check raised: one request's text cannot stop the others)."""
+        request.all_token_ids.append(token)
+        if request.first_token_time is None:
+            request.first_token_time = now
+        request.last_token_time = now
+        try:
+            self._check_stop(request, token, eos_token_ids)
+        except Exception:
+            log.exception("the stop check of request %s failed", request.request_id)
+            request.finish("error")
+
+    def settle(self, requests: list[Request]) -> None:
+        """After a step's tokens were appended: index the blocks now computed of each of
+        ``requests`` that holds blocks, and free the finished ones, from whichever queue they
+        are in (with async scheduling, one preempted while its last step was in flight
+        finishes waiting)."""
+        for request in requests:
+            if request.block_tables:
+                self.kv.cache_computed_blocks(request)
             if request.is_finished:
-                self._remove(request)
+                if request in self.running:
+                    self._remove(request)
+                elif request in self.waiting:
+                    self.waiting.remove(request)
         self._refresh_stats()
 
     def _check_stop(self, request: Request, token: int, eos_token_ids: set[int]) -> None:

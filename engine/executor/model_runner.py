@@ -172,7 +172,9 @@ class ModelRunner:
         tables = np.zeros((num_groups, len(out.scheduled), width), dtype=np.int32)
         for row, (request, num_new) in enumerate(out.scheduled):
             start = request.num_computed_tokens
-            ids.extend(request.all_token_ids[start : start + num_new])
+            known = request.all_token_ids[start : start + num_new]
+            # a placeholder (async scheduling) is filled on the device before the step runs
+            ids.extend(known + [0] * (num_new - len(known)))
             pos = np.arange(start, start + num_new)
             positions.append(pos)
             for group, block_ids in enumerate(request.block_tables):
@@ -187,7 +189,9 @@ class ModelRunner:
             id(r): end - n - r.num_computed_tokens
             for (r, n), end in zip(out.scheduled, ends, strict=True)
         }
-        sampling = [offset[id(r)] + r.num_tokens - 1 for r in out.sampling_requests]
+        sampling = [
+            offset[id(r)] + r.num_tokens_with_placeholders - 1 for r in out.sampling_requests
+        ]
         logits_rows = [np.asarray(sampling, dtype=np.int64)]
         for request, span in out.prompt_logprob_spans:
             logits_rows.append(np.arange(span.start, span.stop) + offset[id(request)])

@@ -60,7 +60,7 @@ from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.execution_plan import ExecutionPlan
 from kvserve.engine.executor import messages
 from kvserve.engine.executor.distributed import free_port, process_group, rendezvous_store
-from kvserve.engine.executor.model_runner import ModelRunner
+from kvserve.engine.executor.model_runner import ModelRunner, StepInputs
 from kvserve.engine.executor.worker import WorkerSpec, run_worker
 from kvserve.engine.layers.tensor_parallel import TensorParallel
 from kvserve.engine.models.model_config import ModelConfig
@@ -201,9 +201,16 @@ class MultiprocExecutor:
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Prepare the step, send it to every worker, run rank 0's part; the logits."""
+        return self.run(self.prepare(out))
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        """The step's inputs (rank 0's ``ModelRunner.prepare``)."""
+        return self.runner.prepare(out)
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Send prepared inputs to every worker and run rank 0's part; the logits."""
         if self._failure is not None:
             raise ExecutorFailedError(self._failure)
-        inputs = self.runner.prepare(out)
         try:
             frame = messages.frame(messages.Step.of(inputs))
             for worker in self.workers:
