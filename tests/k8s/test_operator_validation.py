@@ -221,7 +221,7 @@ def test_every_flag_the_operator_renders_is_owned() -> None:
                "longPrefillTokenThreshold": 32, "gpuMemoryUtilization": 0.5,
                "toolCallParser": "llama3_json", "kvEvents": {"enabled": True},
                "distributedExecutorBackend": "uni", "quantization": "fp8",
-               "reasoningParser": "openai_gptoss"}  # fmt: skip
+               "reasoningParser": "openai_gptoss", "asyncScheduling": True}  # fmt: skip
     body["spec"]["engine"] = engine
     spec, source = validated(body)
     rendered = [a for a in serve_args("cpu-demo", spec, source) if a.startswith("--")]
@@ -231,7 +231,7 @@ def test_every_flag_the_operator_renders_is_owned() -> None:
         "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
         "--long-prefill-token-threshold", "--block-size", "--gpu-memory-utilization",
         "--distributed-executor-backend", "--quantization", "--kv-cache-dtype",
-        "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
+        "--async-scheduling", "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
         "--kv-events-config",
     ]  # fmt: skip
     assert {d.flag for d in CRD_ENGINE_SETTINGS} <= set(rendered)
