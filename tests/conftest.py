@@ -37,18 +37,22 @@ def checkpoint(tmp_path_factory):
     return get
 
 
-@pytest.fixture(params=[False, True], ids=["sync", "async"])
-def scheduling(request, monkeypatch):
-    """Run the test twice: every ``LLMEngine`` it builds with async scheduling off, then on
-    (``--async-scheduling``); the value is whether it is on. A module opts in with
-    ``pytestmark = pytest.mark.usefixtures("scheduling")``."""
-    if request.param:
-        from kvserve.engine.llm_engine import LLMEngine
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def scheduling(request):
+    """Run a module's tests twice: every ``LLMEngine`` they build, and every server process
+    they start (``KVSERVE_ASYNC_SCHEDULING``), with async scheduling off, then on; the value
+    is whether it is on. A module opts in with ``pytestmark =
+    pytest.mark.usefixtures("scheduling")`` (set up before its own module fixtures)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param:
+            from kvserve.engine.llm_engine import LLMEngine
 
-        build = LLMEngine.__init__
+            build = LLMEngine.__init__
 
-        def build_async(self, config, *args, **kwargs):
-            build(self, dataclasses.replace(config, async_scheduling=True), *args, **kwargs)
+            def build_async(self, config, *args, **kwargs):
+                config = dataclasses.replace(config, async_scheduling=True)
+                build(self, config, *args, **kwargs)
 
-        monkeypatch.setattr(LLMEngine, "__init__", build_async)
-    return request.param
+            patch.setattr(LLMEngine, "__init__", build_async)
+            patch.setenv("KVSERVE_ASYNC_SCHEDULING", "true")
+        yield request.param

@@ -13,6 +13,8 @@ from kvserve.engine.engine_builder import build_engine
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("scheduling")
+
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 

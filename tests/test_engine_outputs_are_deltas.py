@@ -9,6 +9,8 @@ from kvserve.engine.sampling_params import SamplingParams
 
 from reference import hf_greedy
 
+pytestmark = pytest.mark.usefixtures("scheduling")
+
 PROMPT = [5, 9, 33, 70, 12, 41]
 
 

@@ -12,6 +12,8 @@ from kvserve import LLM, SamplingParams
 from rank_counts import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 from server_process import API_KEY, ServerProcess
 
+pytestmark = pytest.mark.usefixtures("scheduling")
+
 PROMPT = "def split(text, sep):\n    return"
 
 

@@ -19,6 +19,8 @@ from kvserve.engine.structured.spec import OutputConstraint
 from factories import finish_step, make_request, make_scheduler
 from rank_counts import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 
+pytestmark = pytest.mark.usefixtures("scheduling")
+
 SCHEMA = {
     "type": "object",
     "properties": {
