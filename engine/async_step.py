@@ -89,7 +89,7 @@ class AsyncSteps:
 
     def __init__(self, engine: "LLMEngine") -> None:
         self.engine = engine
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="kvserve-step")
+        self._thread: ThreadPoolExecutor | None = None  # started by the first step
         self.in_flight: InFlightStep | None = None
         self._last_tokens: torch.Tensor | None = None  # the step thread's latest sample
 
@@ -112,12 +112,18 @@ class AsyncSteps:
             engine._wait_for_grammar()
         if previous is not None:
             outputs += self._process(previous)
+        step = self.in_flight
+        if step is not None and all(r.is_finished for r, _ in step.out.scheduled):
+            self.in_flight = None  # only thrown-away rows: nothing left to overlap with
+            outputs += self._process(step)
         return outputs
 
     def shutdown(self) -> None:
-        """Wait for the step in flight, if any, and stop the step thread."""
-        self.in_flight = None
-        self.thread.shutdown(wait=True)
+        """Stop the step thread once its step in flight, if any, ran (that step is still
+        processed by the next ``step``, which starts a new thread if it runs another)."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
 
     def _submit(self, out: SchedulerOutput, previous: InFlightStep | None) -> None:
         """Prepare ``out`` (its placeholders taken from ``previous``), advance its requests
@@ -134,7 +140,9 @@ class AsyncSteps:
         for request in out.sampling_requests:
             request.num_output_placeholders += 1
         if inputs is not None:
-            result = self.thread.submit(self._run, inputs, fills, out)
+            if self._thread is None:
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="kvserve-step")
+            result = self._thread.submit(self._run, inputs, fills, out)
         self.in_flight = InFlightStep(out, result)
 
     def _fills(

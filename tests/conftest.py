@@ -42,7 +42,8 @@ def scheduling(request):
     """Run a module's tests twice: every ``LLMEngine`` they build, and every server process
     they start (``KVSERVE_ASYNC_SCHEDULING``), with async scheduling off, then on; the value
     is whether it is on. A module opts in with ``pytestmark =
-    pytest.mark.usefixtures("scheduling")`` (set up before its own module fixtures)."""
+    pytest.mark.usefixtures("scheduling")``; its module-scoped fixtures that build an engine
+    or start a server take ``scheduling`` as an argument, so that they are built for each."""
     with pytest.MonkeyPatch.context() as patch:
         if request.param:
             from kvserve.engine.llm_engine import LLMEngine

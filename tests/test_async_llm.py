@@ -19,7 +19,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def engine(checkpoint):
+def engine(checkpoint, scheduling):
     return LLMEngine(EngineConfig(model=str(checkpoint("llama")), num_kv_blocks=64))
 
 
@@ -46,7 +46,8 @@ def test_generate_streams_one_output_per_token_and_matches_step_by_step(engine):
     engine.add_request("b", "def f(x):", GREEDY)
     stepped = JoinedOutputs()
     while engine.has_unfinished_requests():
-        final = stepped.add(engine.step())[0]
+        for final in stepped.add(engine.step()):
+            pass
     assert outputs[-1].outputs[0].token_ids == final.outputs[0].token_ids
     assert outputs[-1].outputs[0].text == final.outputs[0].text
 

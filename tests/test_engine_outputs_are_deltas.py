@@ -15,7 +15,7 @@ PROMPT = [5, 9, 33, 70, 12, 41]
 
 
 @pytest.fixture(scope="module")
-def llm(checkpoint):
+def llm(checkpoint, scheduling):
     return LLM(str(checkpoint("llama")), num_kv_blocks=64)
 
 
