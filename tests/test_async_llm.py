@@ -45,9 +45,10 @@ def test_generate_streams_one_output_per_token_and_matches_step_by_step(engine):
     assert [o.finished for o in outputs] == [False] * 11 + [True]
     engine.add_request("b", "def f(x):", GREEDY)
     stepped = JoinedOutputs()
+    finals = []
     while engine.has_unfinished_requests():
-        for final in stepped.add(engine.step()):
-            pass
+        finals += [o for o in stepped.add(engine.step()) if o.finished]
+    (final,) = finals
     assert outputs[-1].outputs[0].token_ids == final.outputs[0].token_ids
     assert outputs[-1].outputs[0].text == final.outputs[0].text
 
