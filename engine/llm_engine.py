@@ -80,12 +80,12 @@ class LLMEngine:
                 config.prefix_caching_hash_algo,
                 self.plan.kv_groups,
                 num_state_slots=self.plan.num_state_slots,
-                max_step_tokens=config.max_num_batched_tokens,
+                max_step_tokens=self.plan.max_num_batched_tokens,
             )
         self.scheduler = Scheduler(
             SchedulerConfig(
-                config.max_num_seqs,
-                config.max_num_batched_tokens,
+                self.plan.max_num_seqs,
+                self.plan.max_num_batched_tokens,
                 self.max_model_len,
                 config.long_prefill_token_threshold,
                 config.max_loras if config.enable_lora else 0,

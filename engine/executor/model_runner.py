@@ -127,13 +127,13 @@ class ModelRunner:
         self.forward: Callable[..., torch.Tensor] = self.model
         with self.startup.measure("warmup", device):
             if plan.cuda_graphs:
-                sizes = capture_sizes(config.max_num_seqs)
+                sizes = capture_sizes(plan.max_num_seqs)
                 self.forward = DecodeGraphs(
                     self.model, self.kv_caches, sizes, plan.max_blocks_per_seq, device
                 )
             elif plan.cpu_graphs:
                 self.forward = CPUDecodeGraphs(
-                    self.model, self.kv_caches, config.max_num_seqs, plan.max_blocks_per_seq
+                    self.model, self.kv_caches, plan.max_num_seqs, plan.max_blocks_per_seq
                 )
             self._warm_up()
 
