@@ -158,8 +158,7 @@ def plan_execution(
     groups = kv_groups(layer_kinds(model_config))
     block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype, group_size(groups))
     held = sum(
-        g.max_blocks(max_model_len, config.block_size, max_num_batched_tokens)
-        for g in groups
+        g.max_blocks(max_model_len, config.block_size, max_num_batched_tokens) for g in groups
     )
     linear = model_config.gated_delta_net
     slots = max_num_seqs if linear is not None else 0

@@ -56,9 +56,7 @@ def tokens(final: dict) -> dict:
 def test_greedy_seeded_and_logprob_requests_get_the_synchronous_tokens(checkpoint):
     path = str(checkpoint("llama"))
     params = {
-        "f": SamplingParams(
-            temperature=0.8, top_k=40, top_p=0.9, seed=3, max_tokens=9, logprobs=2
-        ),
+        "f": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=3, max_tokens=9, logprobs=2),
         "o": GREEDY.replace(logprobs=1),
     }
     sync, _ = run(build(path, False), params)
