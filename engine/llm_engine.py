@@ -182,6 +182,15 @@ class LLMEngine:
                     self.scheduler.abort(request)
         return aborted
 
+    def set_async_scheduling(self, on: bool) -> None:
+        """Turn async scheduling on or off while the engine is idle (a benchmark compares
+        both on one engine); RuntimeError while requests are unfinished."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("async scheduling changes only while no request is unfinished")
+        if self._async is not None:
+            self._async.shutdown()
+        self._async = AsyncSteps(self) if on else None
+
     def has_unfinished_requests(self) -> bool:
         """Requests queued or running, or (async scheduling) a step still in flight."""
         in_flight = self._async is not None and self._async.has_in_flight()

@@ -3,6 +3,7 @@ whatever the batch mixes (greedy, seeded top-k/top-p/min-p, penalties, logit bia
 ``min_tokens``, a grammar), with async scheduling off and on. Every copy the engine makes
 goes through ``host_copy.to_host``, which counts them."""
 
+import itertools
 import json
 
 import pytest
@@ -27,7 +28,7 @@ BATCH = {
         presence_penalty=0.2,
         logit_bias={7: 2.0},
         min_tokens=4,
-    ),  # fmt: skip
+    ),
     "json": SamplingParams(max_tokens=30, constraint=OutputConstraint("json", json.dumps(SCHEMA))),
 }
 
@@ -55,5 +56,5 @@ def test_each_step_copies_to_the_host_once(checkpoint, async_scheduling):
         finished |= {o.request_id for o in engine.step() if o.finished}
     at_each_run.append(HostCopies.count)
     assert finished == set(BATCH)
-    copies = [b - a for a, b in zip(at_each_run, at_each_run[1:], strict=False)]
+    copies = [b - a for a, b in itertools.pairwise(at_each_run)]
     assert len(copies) >= 12 and set(copies) == {1}
