@@ -22,8 +22,9 @@ of step N), presence/frequency/repetition penalties (the counts need it) or ``mi
 still unmet, step N is processed first and N+1 is submitted without the requests that
 finished in N (no wasted row). Prompt log-probabilities are recorded by the step thread.
 
-A forward that raises fails its requests (as without async scheduling) and also the step
-queued behind it, whose placeholders can never be filled.
+A forward that raises fails its requests (as without async scheduling, one failed step
+counted) and also those of the step queued behind it, whose placeholders can never be
+filled.
 """
 
 import logging
@@ -57,6 +58,10 @@ def needs_host_tokens(request: Request) -> bool:
         or params.repetition_penalty != 1
         or request.num_output_tokens < params.min_tokens
     )
+
+
+class PreviousStepFailedError(RuntimeError):
+    """A step could not run: the one before it failed, so its placeholders have no tokens."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +179,7 @@ class AsyncSteps:
         last, self._last_tokens = self._last_tokens, None
         if fills is not None:
             if last is None:
-                raise RuntimeError("the step before failed: its sampled tokens never came")
+                raise PreviousStepFailedError("the step before failed: its tokens never came")
             inputs.input_ids[fills.rows] = last[fills.sources]
         logits = engine.runner.run(inputs)
         sampling = out.sampling_requests
@@ -196,6 +201,11 @@ class AsyncSteps:
         except ExecutorFailedError as exc:
             engine._fail_step(live, exc)
             raise
+        except PreviousStepFailedError:
+            for request, _ in live.scheduled:
+                engine._fail(request)
+                engine.requests.pop(request.request_id, None)
+            return [engine._output(r) for r, _ in live.scheduled]
         except Exception as exc:
             return engine._fail_step(live, exc)
         engine._consecutive_failures = 0

@@ -23,7 +23,9 @@ def build(path: str, async_scheduling: bool) -> LLMEngine:
     return LLMEngine(config)
 
 
-def run(engine: LLMEngine, params: dict[str, SamplingParams], abort_after: int | None = None):
+def run_requests(
+    engine: LLMEngine, params: dict[str, SamplingParams], abort_after: int | None = None
+):
     """Step the requests to the end, auditing the blocks after every step; their joined
     outputs, and for each the steps in flight that still held it after its final output."""
     for request_id, p in params.items():
@@ -59,8 +61,8 @@ def test_greedy_seeded_and_logprob_requests_get_the_synchronous_tokens(checkpoin
         "f": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=3, max_tokens=9, logprobs=2),
         "o": GREEDY.replace(logprobs=1),
     }
-    sync, _ = run(build(path, False), params)
-    got, _ = run(build(path, True), params)
+    sync, _ = run_requests(build(path, False), params)
+    got, _ = run_requests(build(path, True), params)
     assert tokens(got) == tokens(sync)
     for request_id in params:
         ours, theirs = got[request_id].outputs[0].logprobs, sync[request_id].outputs[0].logprobs
@@ -70,7 +72,7 @@ def test_greedy_seeded_and_logprob_requests_get_the_synchronous_tokens(checkpoin
 @pytest.mark.parametrize("reason", ["length", "stop string", "stop token"])
 def test_a_request_ending_in_step_n_emits_nothing_from_step_n_plus_1(checkpoint, reason):
     path = str(checkpoint("llama"))
-    reference, _ = run(build(path, False), {"f": GREEDY, "o": GREEDY})
+    reference, _ = run_requests(build(path, False), {"f": GREEDY, "o": GREEDY})
     ids = reference["f"].outputs[0].token_ids
     ends = {
         "length": GREEDY.replace(max_tokens=4),
@@ -78,8 +80,8 @@ def test_a_request_ending_in_step_n_emits_nothing_from_step_n_plus_1(checkpoint,
         "stop token": GREEDY.replace(stop_token_ids=[ids[4]]),
     }
     params = {"f": ends[reason], "o": GREEDY}
-    sync, _ = run(build(path, False), params)
-    got, late = run(build(path, True), params)
+    sync, _ = run_requests(build(path, False), params)
+    got, late = run_requests(build(path, True), params)
     assert tokens(got) == tokens(sync)
     assert got["f"].outputs[0].finish_reason == ("length" if reason == "length" else "stop")
     assert len(got["f"].outputs[0].token_ids) < len(ids)
@@ -88,8 +90,8 @@ def test_a_request_ending_in_step_n_emits_nothing_from_step_n_plus_1(checkpoint,
 
 def test_an_aborted_request_emits_nothing_more_and_its_blocks_come_back(checkpoint):
     path = str(checkpoint("llama"))
-    sync, _ = run(build(path, False), {"o": GREEDY})
-    got, late = run(build(path, True), {"f": GREEDY, "o": GREEDY}, abort_after=3)
+    sync, _ = run_requests(build(path, False), {"o": GREEDY})
+    got, late = run_requests(build(path, True), {"f": GREEDY, "o": GREEDY}, abort_after=3)
     assert got["f"] is None and tokens(got)["o"] == tokens(sync)["o"]
     assert late["f"] == 1  # the step in flight when it was aborted
 
@@ -102,7 +104,39 @@ def test_penalised_requests_sync_their_step_and_waste_no_row(checkpoint):
         "f": GREEDY.replace(max_tokens=4, repetition_penalty=1.3, presence_penalty=0.5),
         "o": GREEDY.replace(frequency_penalty=0.7),
     }
-    sync, _ = run(build(path, False), params)
-    got, late = run(build(path, True), params)
+    sync, _ = run_requests(build(path, False), params)
+    got, late = run_requests(build(path, True), params)
     assert tokens(got) == tokens(sync)
     assert late == {"f": 0, "o": 0}
+
+
+def test_a_failed_forward_fails_its_step_and_the_one_queued_behind_it(checkpoint, monkeypatch):
+    """The queued step's placeholders can never be filled: its requests fail too, every
+    block comes back, and the engine goes on."""
+    engine = build(str(checkpoint("llama")), True)
+    for request_id, prompt in PROMPTS.items():
+        engine.add_request(request_id, prompt, GREEDY)
+    engine.step()
+    engine.step()  # the prefill's tokens out; the first decode step in flight
+    run = engine.runner.run
+    calls = []
+
+    def fails_once(inputs):
+        calls.append(inputs)
+        if len(calls) == 1:
+            raise RuntimeError("injected failure in run")
+        return run(inputs)
+
+    monkeypatch.setattr(engine.runner, "run", fails_once)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+        audit_blocks(engine)
+    assert [(o.request_id, o.finished, o.outputs[0].finish_reason) for o in outputs] == [
+        ("f", True, "error"),
+        ("o", True, "error"),
+    ]
+    assert engine.stats.num_failed_steps == 1  # the step behind it never ran
+    assert_all_released(engine)
+    final, _ = run_requests(engine, {"f": GREEDY})
+    assert final["f"].outputs[0].finish_reason == "length"
