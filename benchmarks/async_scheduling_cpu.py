@@ -5,8 +5,9 @@ off and on, taking turns in one process, then the served benchmark (serving.py) 
     python benchmarks/async_scheduling_cpu.py [--quick] [--rounds N] [--no-serving]
 
 W1 runs the same random llama-134m in bf16, greedy, EOS ignored; after one unreported run
-(the process's one-time costs), each round runs sync then async, each on a fresh engine after
-a warm-up, so the rounds' spread shows the machine's noise.
+(the process's one-time costs), each round runs sync and async (the order swapped every other
+round), each on a fresh engine after a warm-up, so the rounds' spread shows the machine's
+noise.
 The ratio is the median async rate over the median sync rate. Not a test.
 """
 
@@ -48,12 +49,15 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's, the cores)")
     p.add_argument("--no-serving", action="store_true", help="W1 only")
     p.add_argument("--serving-args", default="--workloads chat burst --scale 0.5")
     p.add_argument("--out", type=Path, default=HERE / "results" / "async-scheduling-cpu.md")
     args = p.parse_args()
     if args.quick:
         args.requests, args.max_tokens = 8, 16
+    if args.threads:
+        torch.set_num_threads(args.threads)
     workload = Workload.random(
         args.requests, args.min_prompt, args.max_prompt, args.max_tokens, args.seed
     )
@@ -64,7 +68,7 @@ def main() -> None:
         # the process's one-time costs (the first engine built in it) fall on no row
         timed(LLM(str(model), dtype="bfloat16", max_model_len=1024), workload)
         for round_ in range(args.rounds):
-            for on in (False, True):
+            for on in (False, True) if round_ % 2 == 0 else (True, False):
                 llm = LLM(str(model), dtype="bfloat16", max_model_len=1024, async_scheduling=on)
                 wall, tokens = timed(llm, workload)
                 llm.engine.shutdown()
@@ -82,7 +86,8 @@ def main() -> None:
         "",
         f"## W1, offline: {args.requests} requests, prompts of {args.min_prompt}-"
         f"{args.max_prompt} tokens, {args.max_tokens} output tokens each (greedy), "
-        "llama-134m in bf16, sync and async taking turns in one process",
+        f"llama-134m in bf16, {torch.get_num_threads()} torch threads, sync and async taking "
+        "turns in one process",
         "",
         "| round | scheduling | W1 wall (s) | output tok/s |",
         "| ---: | --- | ---: | ---: |",
