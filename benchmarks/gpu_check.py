@@ -1,24 +1,31 @@
-"""The GPU check: the kernel tests on the GPU, then a random-weight Llama-3-8B in bf16.
+"""The GPU check at serving scale: a random-weight Llama-3-8B in bf16, one command.
 
-    python benchmarks/gpu_check.py [--out FILE] [--requests 256] [--layers N] ...
+    python benchmarks/gpu_check.py [--out FILE] [--requests 1000] [--layers N] ...
+    python benchmarks/gpu_check.py --tiny --out FILE   # the whole harness on a tiny model
 
-Needs a CUDA device. Steps, each recorded in the JSON written to --out:
-1. The kernel, CUDA-graph, KV-sizing and device-copy tests (KERNEL_TESTS) on the GPU:
-   compiled kernels, not the interpreter; graphs captured; syncs per decode step counted.
-2. The device's copy bandwidth and bf16 matmul rate, measured here; decode attention with
-   and without its keys split, and each fused elementwise kernel against the torch ops
-   it replaces, at Llama-3-8B's shapes, each replayed from a CUDA graph.
-3. A random-weight checkpoint of Llama-3-8B's shape (bf16) written to --workdir.
-4. kvserve on it: (a) decode step time at each --batches size against the floor
-   (weights + KV bytes read) / copy bandwidth, and device syncs per decode step;
-   torch's profiler over a few decode steps at each --profile-batches size (host and
-   device time per step, the top operations and kernels);
-   (b) prefill throughput against 2 * matmul params * tokens / matmul rate;
-   (c) end-to-end output tokens/s on --requests requests, prompt and output lengths
-   uniform in [--min-len, --max-len], greedy, EOS ignored.
-5. transformers' continuous batching (the engine behind ``generate_batch``) on the same
-   checkpoint and workload, in this run; where the two greedy outputs part, the
-   checkpoint in fp32 judges both tokens (``partings``).
+Needs a CUDA device (``--tiny`` runs anywhere: a tiny model, small sizes, the CUDA-only
+stages skipped). Stages, each recorded in the JSON at --out, which is written again after
+every stage (a run cut off keeps what it measured; ``stages_done`` lists them):
+1. ``device_tests``: DEVICE_TESTS (kernels, CUDA graphs, KV sizing, device copies, async
+   scheduling, host syncs, greedy output against transformers) on the GPU, within
+   --tests-timeout seconds: compiled kernels, not the interpreter.
+2. ``device``: copy bandwidth and bf16 matmul rate, measured here.
+3. ``kernels``: decode attention with and without its keys split, and each fused
+   elementwise kernel against the torch ops it replaces, each replayed from a CUDA graph.
+4. ``checkpoint``: a random-weight checkpoint of Llama-3-8B's shape, written to --workdir.
+5. ``engine``: kvserve's start on it (max_num_seqs and max_num_batched_tokens: the GPU
+   defaults unless given), async scheduling on.
+6. ``decode``: step time at each --batches size against the floor (weights + KV bytes read)
+   / copy bandwidth, and the device's busy share of a step from torch's profiler.
+7. ``prefill``: one --prefill-len prompt through the engine against the matmul floor, and
+   the attention of that prefill (Triton) against torch's scaled_dot_product_attention on
+   the same shapes (causal, grouped KV heads).
+8. ``e2e``: --requests requests of --input-len prompt tokens and --output-len output tokens
+   (fixed, as the public vLLM benchmark: 1,000 x 256/256), greedy, EOS ignored; with async
+   scheduling on and off, output tokens/s.
+9. ``transformers`` (--transformers): transformers' continuous batching on the same
+   workload; where the greedy outputs part, the checkpoint in fp32 judges (``partings``).
+10. ``syncs``: device synchronisations per decode step (torch's sync debug mode).
 """
 
 import argparse
@@ -46,7 +53,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL_TESTS = [
+DEVICE_TESTS = [
     "tests/test_triton_attention.py",
     "tests/test_triton_fused_moe.py",
     "tests/test_triton_w4a16.py",
@@ -56,7 +63,20 @@ KERNEL_TESTS = [
     "tests/test_cuda_graphs.py",
     "tests/test_kv_cache_sizing.py",
     "tests/test_device_copy.py",
+    "tests/test_async_scheduling.py",
+    "tests/test_host_syncs.py",
+    "tests/test_engine_matches_transformers.py",
 ]
+TINY_SHAPE = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
+"""``--tiny``'s model: the harness end to end in seconds, on any device."""
 LLAMA3_8B = dict(
     vocab_size=128256,
     hidden_size=4096,
@@ -142,6 +162,13 @@ class Workload:
             for _ in range(n)
         ]
         return cls(prompts, [rng.randint(min_len, max_len) for _ in range(n)])
+
+    @classmethod
+    def fixed(cls, n: int, input_len: int, output_len: int, vocab: int, seed: int) -> "Workload":
+        """``n`` prompts of ``input_len`` random ids (not 0 or 1), ``output_len`` tokens each."""
+        rng = random.Random(seed)
+        prompts = [[rng.randrange(2, vocab) for _ in range(input_len)] for _ in range(n)]
+        return cls(prompts, [output_len] * n)
 
 
 def save_random_checkpoint(directory: Path, config: LlamaConfig, dtype, device) -> None:
@@ -524,142 +551,266 @@ def run_transformers(model, workload: Workload, cb_config=None) -> tuple[list[li
     return [results[str(i)] for i in range(len(workload.prompts))], wall
 
 
-def run_kernel_tests() -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *KERNEL_TESTS],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+def run_device_tests(timeout_s: float) -> dict:
+    """DEVICE_TESTS, cut off after ``timeout_s`` (returncode None then)."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DEVICE_TESTS]
+    try:
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as cut:
+        out = (cut.stdout or b"").decode(errors="replace")
+        return {"returncode": None, "timed_out_s": timeout_s, "tail": out[-3000:]}
     return {"returncode": proc.returncode, "tail": proc.stdout[-3000:] + proc.stderr[-2000:]}
+
+
+def prefill_attention_vs_sdpa(config: LlamaConfig, tokens: int, device, dtype) -> dict:
+    """The attention of one ``tokens``-token prefill: kvserve's Triton kernel over a paged
+    cache of 16-token blocks against torch's scaled_dot_product_attention on the same
+    shapes (causal, grouped KV heads); milliseconds each (CUDA-graph replays on a GPU, one
+    timed call elsewhere) and the largest difference of their outputs."""
+    from kvserve.engine.cdiv import cdiv
+    from kvserve.engine.layers.attention.metadata import AttentionMetadata
+    from kvserve.engine.layers.attention.triton_backend import TritonAttention
+
+    heads, kv_heads, head_dim = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    )
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=device).to(dtype)
+
+    query, key, value = (
+        randn(tokens, heads, head_dim),
+        *(randn(tokens, kv_heads, head_dim) for _ in range(2)),
+    )
+    blocks = cdiv(tokens, 16)
+    pad = blocks * 16 - tokens
+    caches = [
+        torch.nn.functional.pad(t, (0, 0, 0, 0, 0, pad)).view(blocks, 16, kv_heads, head_dim)
+        for t in (key, value)
+    ]
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(tokens, device=device),
+        query_start_loc=torch.tensor([0, tokens], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([tokens], dtype=torch.int32, device=device),
+        block_tables=torch.arange(blocks, dtype=torch.int32, device=device)[None],
+        query_lens_host=[tokens],
+        seq_lens_host=[tokens],
+        max_query_len=tokens,
+        max_seq_len=tokens,
+    )
+    scale = head_dim**-0.5
+    ours = partial(TritonAttention().attend, query, *caches, meta, scale)
+    q, k, v = (t.transpose(0, 1)[None] for t in (query, key, value))
+    sdpa = partial(
+        torch.nn.functional.scaled_dot_product_attention,
+        q,
+        k,
+        v,
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
+    )
+    difference = (ours().float() - sdpa()[0].transpose(0, 1).float()).abs().max().item()
+    if device.type == "cuda":
+        timed = {"triton_ms": graph_us(ours, calls=2, replays=5) / 1e3}
+        timed["sdpa_ms"] = graph_us(sdpa, calls=2, replays=5) / 1e3
+    else:
+        timed = {
+            "triton_ms": _best_seconds(ours, device, 1) * 1e3,
+            "sdpa_ms": _best_seconds(sdpa, device, 1) * 1e3,
+        }
+    return timed | {"tokens": tokens, "max_abs_difference": difference}
+
+
+class Report(dict):
+    """The check's JSON: written to ``path`` after every stage (whole, then renamed into
+    place), so a run cut off keeps what it measured."""
+
+    def __init__(self, path: Path, **fields) -> None:
+        super().__init__(fields, stages_done=[])
+        self.path = path
+
+    @contextmanager
+    def stage(self, name: str):
+        started = time.perf_counter()
+        yield
+        self.setdefault("stage_s", {})[name] = time.perf_counter() - started
+        self["stages_done"].append(name)
+        self.save()
+        print(f"gpu_check: {name} done, {self['stage_s'][name]:.1f} s", flush=True)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial_path = self.path.with_suffix(".partial")
+        partial_path.write_text(json.dumps(self, indent=2, default=str) + "\n")
+        partial_path.replace(self.path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_check.json")
     p.add_argument("--workdir", type=Path, help="where the checkpoint goes (default: a temp dir)")
+    p.add_argument("--tiny", action="store_true", help="a tiny model and small sizes, any device")
     p.add_argument("--skip-tests", action="store_true")
-    p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--tests-timeout", type=float, default=150.0, help="seconds for DEVICE_TESTS")
+    p.add_argument("--transformers", action="store_true", help="also run transformers' batching")
     p.add_argument("--layers", type=int, default=32, help="fewer layers: a quicker, smaller run")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 128, 256])
     p.add_argument(
         "--decode-prompt", type=int, default=512, help="prompt length when timing decode"
     )
     p.add_argument("--decode-steps", type=int, default=32)
-    p.add_argument(
-        "--profile-batches", type=int, nargs="*", default=[1, 64], help="decode batches to profile"
-    )
     p.add_argument("--profile-steps", type=int, default=8)
     p.add_argument(
         "--partings", type=int, default=32, help="partings from transformers to judge in fp32"
     )
-    p.add_argument("--prefill-prompts", type=int, default=16)
-    p.add_argument("--prefill-len", type=int, default=1024)
-    p.add_argument("--requests", type=int, default=256)
-    p.add_argument("--min-len", type=int, default=100)
-    p.add_argument("--max-len", type=int, default=1024)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--prefill-len", type=int, default=8192)
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--max-num-seqs", type=int, help="default: the engine's for the device")
+    p.add_argument("--max-num-batched-tokens", type=int, help="default: the engine's")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.skip_tests, args.layers, args.batches = True, TINY_SHAPE["num_hidden_layers"], [1, 4]
+        args.decode_prompt, args.decode_steps, args.profile_steps = 16, 3, 2
+        args.prefill_len, args.requests, args.input_len, args.output_len = 64, 6, 12, 8
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not args.tiny:
         print("gpu_check: no CUDA device here; nothing was run", file=sys.stderr)
         return 2
     from kvserve.engine.config import EngineConfig
     from kvserve.engine.llm_engine import LLMEngine
 
-    device = torch.device("cuda")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    import triton
+    report = Report(
+        args.out,
+        device=torch.cuda.get_device_name(device) if cuda else "cpu",
+        versions={"torch": torch.__version__, "transformers": transformers.__version__},
+        args=settings,
+    )
+    if cuda:
+        import triton
 
-    report: dict = {
-        "device": torch.cuda.get_device_name(device),
-        "versions": {
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "transformers": transformers.__version__,
-        },
-        "args": settings,
-    }
+        report["versions"]["triton"] = triton.__version__
     if not args.skip_tests:
-        report["kernel_tests"] = run_kernel_tests()
-        print(report["kernel_tests"]["tail"])
-    report["copy_bandwidth_gbs"] = copy_bandwidth_gbs(device)
-    report["matmul_bf16_tflops"] = matmul_tflops(device)
-    config = llama3_8b_config(num_hidden_layers=args.layers)
-    facts = ModelFacts.of(config, torch.bfloat16)
+        with report.stage("device_tests"):
+            report["device_tests"] = run_device_tests(args.tests_timeout)
+            print(report["device_tests"]["tail"])
+    with report.stage("device"):
+        report["copy_bandwidth_gbs"] = copy_bandwidth_gbs(device, 2**31 if cuda else 2**24)
+        report["matmul_tflops"] = matmul_tflops(device, 8192 if cuda else 256)
+    shape = TINY_SHAPE if args.tiny else {}
+    config = llama3_8b_config(**shape | {"num_hidden_layers": args.layers})
+    facts = ModelFacts.of(config, dtype)
     report["model"] = asdict(facts)
+    if cuda:
+        with report.stage("kernels"):
+            report["kernels"] = measure_kernels(config, device, report["copy_bandwidth_gbs"])
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvserve-gpu-check-"))
-    save_random_checkpoint(workdir, config, torch.bfloat16, device)
-    torch.cuda.empty_cache()
-
-    start = time.perf_counter()
-    engine = LLMEngine(
-        EngineConfig(
-            model=str(workdir),
-            dtype="bfloat16",
-            max_model_len=2 * args.max_len + 16,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            enable_prefix_caching=False,
+    with report.stage("checkpoint"):
+        save_random_checkpoint(workdir, config, dtype, device)
+        if cuda:
+            torch.cuda.empty_cache()
+    with report.stage("engine"):
+        start = time.perf_counter()
+        engine = LLMEngine(
+            EngineConfig(
+                model=str(workdir),
+                dtype=str(dtype).removeprefix("torch."),
+                device=device.type,
+                max_model_len=max(args.input_len + args.output_len, args.prefill_len) + 64,
+                max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                enable_prefix_caching=False,
+                async_scheduling=True,
+            )
         )
+        report["engine_start_s"] = time.perf_counter() - start
+        report["kv_blocks"] = engine.plan.num_kv_blocks
+        report["batch_limits"] = [engine.plan.max_num_seqs, engine.plan.max_num_batched_tokens]
+    with report.stage("decode"):
+        report["decode"] = {}
+        for batch in args.batches:
+            result = measure_decode(engine, batch, args.decode_prompt, args.decode_steps, args.seed)
+            floor = decode_floor_ms(facts, result["context_tokens"], report["copy_bandwidth_gbs"])
+            profiled = profile_decode(
+                engine, batch, args.decode_prompt, args.profile_steps, args.seed
+            )
+            report["decode"][batch] = result | {
+                "floor_ms": floor,
+                "floor_share": floor / result["step_ms"],
+                "busy_share": profiled["device_busy_ms"] / profiled["step_ms"],
+                "profile": profiled,
+            }
+            print(f"decode batch {batch}: {result}, busy {report['decode'][batch]['busy_share']}")
+    with report.stage("prefill"):
+        tokens_per_s = measure_prefill(engine, 1, args.prefill_len, args.seed)
+        floor = prefill_floor_tokens_per_s(facts, report["matmul_tflops"])
+        report["prefill"] = {
+            "tokens_per_s": tokens_per_s,
+            "floor_tokens_per_s": floor,
+            "attention": prefill_attention_vs_sdpa(config, args.prefill_len, device, dtype),
+        }
+        print(f"prefill: {report['prefill']}")
+    workload = Workload.fixed(
+        args.requests, args.input_len, args.output_len, config.vocab_size, args.seed
     )
-    report["engine_start_s"] = time.perf_counter() - start
-    report["kv_blocks"] = engine.plan.num_kv_blocks
-    decode = {}
-    for batch in args.batches:
-        result = measure_decode(engine, batch, args.decode_prompt, args.decode_steps, args.seed)
-        floor = decode_floor_ms(facts, result["context_tokens"], report["copy_bandwidth_gbs"])
-        decode[batch] = result | {"floor_ms": floor, "floor_share": floor / result["step_ms"]}
-        print(f"decode batch {batch}: {decode[batch]}")
-    report["decode"] = decode
-    report["kernels"] = measure_kernels(config, device, report["copy_bandwidth_gbs"])
-    print(f"kernels: {json.dumps(report['kernels'])}")
-    report["decode_profile"] = {
-        batch: profile_decode(engine, batch, args.decode_prompt, args.profile_steps, args.seed)
-        for batch in args.profile_batches
-    }
-    for batch, found in report["decode_profile"].items():
-        print(f"decode profile, batch {batch}: {found}")
-    report["syncs_per_decode_step"] = count_decode_syncs(engine, 8, 8)
-    tokens_per_s = measure_prefill(engine, args.prefill_prompts, args.prefill_len, args.seed)
-    floor = prefill_floor_tokens_per_s(facts, report["matmul_bf16_tflops"])
-    report["prefill"] = {"tokens_per_s": tokens_per_s, "floor_tokens_per_s": floor}
-    print(f"prefill: {report['prefill']}")
-
-    workload = Workload.random(
-        args.requests, args.min_len, args.max_len, config.vocab_size, args.seed
-    )
-    outputs, wall = run_kvserve(engine, workload)
-    report["e2e"] = {"kvserve_tokens_per_s": sum(map(len, outputs)) / wall}
+    with report.stage("e2e"):
+        report["e2e"] = {}
+        for on in (True, False):
+            engine.set_async_scheduling(on)
+            outputs, wall = run_kvserve(engine, workload)
+            name = "async" if on else "sync"
+            report["e2e"][f"{name}_tokens_per_s"] = sum(map(len, outputs)) / wall
+            report["e2e"][f"{name}_wall_s"] = wall
+        engine.set_async_scheduling(True)
+        print(f"end to end: {report['e2e']}")
+    if cuda:
+        with report.stage("syncs"):
+            report["syncs_per_decode_step"] = count_decode_syncs(engine, 8, 8)
     del engine
     gc.collect()
-    torch.cuda.empty_cache()
-    if not args.skip_transformers:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(workdir, dtype=torch.bfloat16).to(device)
-        hf_outputs, hf_wall = run_transformers(model.eval(), workload)
-        report["e2e"]["transformers_tokens_per_s"] = sum(map(len, hf_outputs)) / hf_wall
-        same = sum(a == b for a, b in zip(outputs, hf_outputs, strict=True))
-        report["e2e"]["identical_outputs"] = same / len(outputs)
-        report["e2e"]["leading_agreement"] = leading_agreement(outputs, hf_outputs)
-        judged = partings(model.float(), workload, outputs, hf_outputs, args.partings)
-        report["e2e"]["partings"] = judged
-        if judged:
-            report["e2e"]["partings_median"] = {
-                key: statistics.median(p[key] for p in judged)
-                for key in ("at", "ours_rank", "reference_rank", "margin", "top2_gap", "logit_std")
-            }
-    print(f"end to end: {report['e2e']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.transformers:
+        with report.stage("transformers"):
+            report["transformers"] = compare_transformers(workdir, workload, outputs, args, device)
     print(f"wrote {args.out}")
-    return 0 if report.get("kernel_tests", {}).get("returncode", 0) == 0 else 1
+    return 0 if report.get("device_tests", {}).get("returncode", 0) == 0 else 1
+
+
+def compare_transformers(workdir: Path, workload: Workload, outputs, args, device) -> dict:
+    """transformers' continuous batching on the workload, and how its greedy outputs agree
+    with kvserve's (partings judged in fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    model = AutoModelForCausalLM.from_pretrained(workdir, dtype=torch.bfloat16).to(device)
+    hf_outputs, hf_wall = run_transformers(model.eval(), workload)
+    found: dict = {"tokens_per_s": sum(map(len, hf_outputs)) / hf_wall}
+    found["identical_outputs"] = sum(
+        a == b for a, b in zip(outputs, hf_outputs, strict=True)
+    ) / len(outputs)
+    found["leading_agreement"] = leading_agreement(outputs, hf_outputs)
+    judged = partings(model.float(), workload, outputs, hf_outputs, args.partings)
+    found["partings"] = judged
+    if judged:
+        found["partings_median"] = {
+            key: statistics.median(p[key] for p in judged)
+            for key in ("at", "ours_rank", "reference_rank", "margin", "top2_gap", "logit_std")
+        }
+    return found
 
 
 if __name__ == "__main__":

@@ -139,6 +139,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--url", action="append", default=[], help="a running server (repeatable)")
     p.add_argument("--kvserve", action="store_true", help="start `kvserve serve` and run on it")
     p.add_argument(
+        "--kvserve-async",
+        action="store_true",
+        help="also start `kvserve serve --async-scheduling` (target kvserve-async), taking turns",
+    )
+    p.add_argument(
         "--vllm", metavar="VLLM", help="start `VLLM serve` (VLLM: vLLM's CLI) and run on it"
     )
     p.add_argument("--model", type=Path, help="checkpoint (default: one built of --shape)")
@@ -173,8 +178,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=HERE / "results" / "serving.md")
     p.add_argument("--json", type=Path, help="also write every request's timeline here")
     args = p.parse_args(argv)
-    if not (args.url or args.kvserve or args.vllm):
-        p.error("nothing to measure: give --url, --kvserve or --vllm")
+    if not (args.url or args.kvserve or args.kvserve_async or args.vllm):
+        p.error("nothing to measure: give --url, --kvserve, --kvserve-async or --vllm")
     args.slos = dict(SLOS)
     for given in args.slo:
         name, _, bounds = given.partition("=")
@@ -337,15 +342,17 @@ def started(
     extra = ["--max-model-len", str(args.max_model_len), "--enable-prefix-caching"]
     if args.block_size:
         extra += ["--block-size", str(args.block_size)]
+    name, server = server, server.removesuffix("-async")
     if server == "kvserve":
         extra += ["--kv-cache-memory-gb", str(args.kv_cache_gib)]
+        extra += ["--async-scheduling"] if name == "kvserve-async" else []
     argv = command(server, model, port, args.vllm, args.dtype, extra)
-    cache = workdir / f"cache-{server}"
+    cache = workdir / f"cache-{name}"
     env = environment(server, cache, args.vllm_threads_bind, str(args.kv_cache_gib))
     process, began = spawn(argv, env, log, server)
     try:
         ready = wait_ready(process, f"http://127.0.0.1:{port}", began, args.start_timeout, log)
-        target = Target(server, f"http://127.0.0.1:{port}", server, ready_s=ready, round=round_)
+        target = Target(name, f"http://127.0.0.1:{port}", server, ready_s=ready, round=round_)
         target.command = " ".join([Path(argv[0]).name, *argv[1:]])
         yield target
     finally:
@@ -446,7 +453,7 @@ def main() -> None:
     if model is None and args.shape == smollm2.SERVED_NAME:
         model = smollm2.fetch()
         model_text = f"SmolLM2-135M-Instruct ({smollm2.FILE}, real weights)"
-    elif model is None and (args.kvserve or args.vllm):
+    elif model is None and (args.kvserve or args.kvserve_async or args.vllm):
         model = build_checkpoint(
             workdir / f"model-{args.shape}", DTYPES[args.dtype], shape=args.shape
         ).directory
@@ -456,12 +463,17 @@ def main() -> None:
     vocab, positions = model_facts(model) if model else (VOCAB_SIZE, MAX_POSITIONS)
     vocab = args.vocab_size or vocab
     model_text += f"; prompt ids in {FIRST_ID}–{vocab - 1}"
-    if args.kvserve or args.vllm:
+    if args.kvserve or args.kvserve_async or args.vllm:
         args.max_model_len = args.max_model_len or positions
     log = workdir / "servers.log"
     targets: list[Target] = []
     summaries, records = [], []
-    servers = [s for s, on in (("kvserve", args.kvserve), ("vllm", args.vllm)) if on]
+    chosen_servers = (
+        ("kvserve", args.kvserve),
+        ("kvserve-async", args.kvserve_async),
+        ("vllm", args.vllm),
+    )
+    servers = [s for s, on in chosen_servers if on]
     for round_ in range(args.rounds):
         for i, url in enumerate(args.url):
             target = Target(f"url{i + 1}", url, "", round=round_)

@@ -77,7 +77,7 @@ class AsyncLLM:
         self.max_model_len = engine.max_model_len
         # What the server reads of the engine's settings (it never reaches into the engine).
         self.model_path = engine.config.model
-        self.max_num_seqs = engine.config.max_num_seqs
+        self.max_num_seqs = engine.plan.max_num_seqs
         self.enable_prefix_caching = engine.config.enable_prefix_caching
         self._observer = observer
         self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()

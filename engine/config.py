@@ -30,6 +30,11 @@ EXECUTOR_BACKENDS = ("mp", "uni")
 (``engine/executor/multiproc.py``), ``uni`` runs the one rank in the engine's process."""
 
 
+BATCH_DEFAULTS = {"cpu": (64, 2048), "cuda": (256, 8192)}
+"""``(max_num_seqs, max_num_batched_tokens)`` of a config that sets neither, by device type
+(on CUDA vLLM's on an H100)."""
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine is built from. ``num_kv_blocks`` wins over the KV
@@ -51,8 +56,18 @@ class EngineConfig:
     )
     dtype: str = setting("auto", choices=("auto", *DTYPES), crd=Crd(defaulted=True))
     device: str = setting("auto", choices=DEVICES)
-    max_num_seqs: int = setting(64, minimum=1, crd=Crd())
-    max_num_batched_tokens: int = setting(2048, minimum=1, crd=Crd())
+    max_num_seqs: int | None = setting(
+        None,
+        minimum=1,
+        crd=Crd(),
+        help="the most sequences a step runs (default: 64 on a CPU, 256 on CUDA)",
+    )
+    max_num_batched_tokens: int | None = setting(
+        None,
+        minimum=1,
+        crd=Crd(),
+        help="the most tokens a step computes (default: 2048 on a CPU, 8192 on CUDA)",
+    )
     max_model_len: int | None = setting(None, minimum=1, crd=Crd())
     long_prefill_token_threshold: int = setting(
         0,
@@ -160,6 +175,15 @@ class EngineConfig:
         "(default: off)",
     )
 
+    async_scheduling: bool = setting(
+        False,
+        crd=Crd(),
+        help="schedule and prepare step N+1 while step N runs: step N's sampled tokens feed "
+        "step N+1 on the device; their copy to the host, detokenization, stop checks and "
+        "streaming happen while the next step runs (a request that ends in step N costs one "
+        "thrown-away token of step N+1)",
+    )
+
     enable_lora: bool = setting(False, help="serve LoRA adapters (PEFT directories)")
     max_loras: int = setting(
         1, minimum=1, help="LoRA adapters resident on the device at once", crd=Crd()
@@ -174,6 +198,16 @@ class EngineConfig:
         help="LoRA adapters kept in host memory, least recently used dropped and read again "
         "when asked for (default: max_loras; at least max_loras)",
     )
+
+    def batch_limits(self, device_type: str) -> tuple[int, int]:
+        """``(max_num_seqs, max_num_batched_tokens)`` on a device of ``device_type``: each the
+        setting, or where it is unset the device's (``BATCH_DEFAULTS``; a type other than
+        ``cuda``, e.g. ``meta``, as a CPU)."""
+        seqs, tokens = BATCH_DEFAULTS["cuda" if device_type == "cuda" else "cpu"]
+        return (
+            seqs if self.max_num_seqs is None else self.max_num_seqs,
+            tokens if self.max_num_batched_tokens is None else self.max_num_batched_tokens,
+        )
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, dict):

@@ -71,6 +71,10 @@ class ExecutionPlan:
     max_blocks_held_per_seq: int
     """The most blocks of all groups one request holds at the full context (a sliding
     window's group holds its window's, whatever the context)."""
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    """The step's limits: the config's, or where it sets none the device's
+    (``EngineConfig.batch_limits``)."""
     num_state_slots: int = 0
     """Recurrent-state slots of a model with linear-attention layers, one per sequence that
     may run (``max_num_seqs``; a step is never padded, so no scratch slot); 0 without."""
@@ -152,6 +156,7 @@ def plan_execution(
     (with several pipeline stages a block holds the KV pages of its stage's layers alone);
     raises ValueError for a setting the checkpoint or the device cannot honour."""
     device = _device(config)
+    max_num_seqs, max_num_batched_tokens = config.batch_limits(device.type)
     tp, local = config.tensor_parallel_size, config.local_world_size
     if device.type == "cuda" and local > 1 and local > torch.cuda.device_count():
         raise ValueError(
@@ -175,11 +180,10 @@ def plan_execution(
     block_bytes = kv_block_bytes(config.block_size, kv_dtype, elements)
     block_bytes += draft_kv_block_bytes(config, config.block_size, kv_dtype)
     held = sum(
-        g.max_blocks(max_model_len, config.block_size, config.max_num_batched_tokens)
-        for g in groups
+        g.max_blocks(max_model_len, config.block_size, max_num_batched_tokens) for g in groups
     )
     linear = model_config.gated_delta_net
-    slots = config.max_num_seqs if linear is not None else 0
+    slots = max_num_seqs if linear is not None else 0
     slot_bytes = (
         len(model_config.linear_layers) * linear.state_spec(tp, dtype).bytes_per_slot
         if linear is not None
@@ -209,6 +213,8 @@ def plan_execution(
         num_kv_blocks=configured_kv_blocks(config, block_bytes, held, device, slots * slot_bytes),
         kv_groups=groups,
         max_blocks_held_per_seq=held,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
         num_state_slots=slots,
         state_slot_bytes=slot_bytes,
     )

@@ -53,7 +53,7 @@ def configured_kv_blocks(
         return blocks
     if device.type == "cuda":
         return None
-    full_contexts = config.max_num_seqs * blocks_per_seq
+    full_contexts = config.batch_limits(device.type)[0] * blocks_per_seq
     return min(full_contexts, (int(DEFAULT_CPU_KV_CACHE_GB * GIB) - state_bytes) // block_bytes)
 
 
@@ -186,7 +186,8 @@ def cuda_kv_cache_blocks(
 ) -> int:
     """Profile the largest step of ``config`` on the loaded ``model`` and size the cache
     (of ``kv_dtype``) next to ``state_bytes`` of state slots."""
-    lens = profile_query_lens(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
+    max_num_seqs, max_num_batched_tokens = config.batch_limits(device.type)
+    lens = profile_query_lens(max_num_batched_tokens, max_num_seqs, max_model_len)
     profile = measure_cuda_memory(
         device, lambda: profile_step(model, lens, config.block_size, kv_dtype, device)
     )

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvserve.engine.async_step import AsyncSteps, async_unsupported
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.core.kv_cache_manager import KVCacheManager
 from kvserve.engine.core.outputs import Logprob, RequestOutput
@@ -17,6 +18,7 @@ from kvserve.engine.core.scheduler import (
     SchedulerOutput,
     SchedulerStats,
 )
+from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
 from kvserve.engine.executor import ExecutorFailedError, build_executor
 from kvserve.engine.executor.model_runner import ModelRunner
@@ -81,12 +83,12 @@ class LLMEngine:
                 config.prefix_caching_hash_algo,
                 self.plan.kv_groups,
                 num_state_slots=self.plan.num_state_slots,
-                max_step_tokens=config.max_num_batched_tokens,
+                max_step_tokens=self.plan.max_num_batched_tokens,
             )
         self.scheduler = Scheduler(
             SchedulerConfig(
-                config.max_num_seqs,
-                config.max_num_batched_tokens,
+                self.plan.max_num_seqs,
+                self.plan.max_num_batched_tokens,
                 self.max_model_len,
                 config.long_prefill_token_threshold,
                 config.max_loras if config.enable_lora else 0,
@@ -120,6 +122,8 @@ class LLMEngine:
             config.seed,
         )
         self._consecutive_failures = 0
+        self._async: AsyncSteps | None = None
+        self.set_async_scheduling(config.async_scheduling)
         log.info("execution plan: %s", self.plan)
         log.info("startup phases: %s", self.startup)
 
@@ -189,15 +193,39 @@ class LLMEngine:
                     self.scheduler.abort(request)
         return aborted
 
+    def set_async_scheduling(self, on: bool) -> None:
+        """Turn async scheduling on or off while the engine is idle (a benchmark compares
+        both on one engine); RuntimeError while requests are unfinished. Asked for with a
+        setting it does not run with (``async_unsupported``), it stays off with a warning, as
+        vLLM turns it off for such settings."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("async scheduling changes only while no request is unfinished")
+        unsupported = async_unsupported(self.config)
+        if on and unsupported is not None:
+            log.warning("async scheduling is off: %s does not run with it", unsupported)
+            on = False
+        if self._async is not None:
+            self._async.shutdown()
+        self._async = AsyncSteps(self) if on else None
+
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests queued or running, or (async scheduling) a step still in flight."""
+        in_flight = self._async is not None and self._async.has_in_flight()
+        return self.scheduler.has_unfinished() or in_flight
 
     def step(self) -> list[RequestOutput]:
         """One step (see ``_step``), its samples' outputs under their request's id; then the
         held samples that may start now go to the scheduler, and the step's KV-cache events,
         if any, to the publisher."""
         try:
-            return [self.parents.relabel(output) for output in self._step()]
+            if self._async is None:
+                outputs = self._step()
+            else:
+                try:
+                    outputs = self._async.step()
+                except ExecutorFailedError as exc:
+                    raise EngineDeadError(f"the executor failed: {exc}") from exc
+            return [self.parents.relabel(output) for output in outputs]
         finally:
             for request in self.parents.release():
                 self.scheduler.add(request)
@@ -219,7 +247,9 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the executor's workers; close the KV-event publisher, after it sent what is
-        queued; stop compiling."""
+        queued; stop compiling (and the step thread, after its step in flight)."""
+        if self._async is not None:
+            self._async.shutdown()
         self.runner.shutdown()
         self.grammars.shutdown()
         if self.kv_events is not None:
@@ -249,10 +279,7 @@ class LLMEngine:
         unusable = self._fail_unusable_grammars()
         out = self.scheduler.schedule()
         if not out.scheduled:
-            if self._compiling:
-                grammar = self._compiling[0].grammar
-                assert grammar is not None
-                grammar.wait(GRAMMAR_POLL_S)
+            self._wait_for_grammar()
             return unusable
         try:
             logits = self.runner.execute(out)
@@ -266,7 +293,7 @@ class LLMEngine:
         if out.spec_token_ids:
             failed = self._verify(out, logits)
         else:
-            sampled, failed = self._sample(logits[: len(sampling)], sampling)
+            sampled, failed, _ = self._sample(logits[: len(sampling)], sampling)
             failed += record_prompt_logprobs(out.prompt_logprob_spans, logits[len(sampling) :])
             for request in failed:
                 self._fail(request)
@@ -303,13 +330,22 @@ class LLMEngine:
         def append(request: Request, token: int) -> None:
             self.scheduler.append_token(request, token, self.eos_token_ids)
 
-        verified = verify(logits[:rows], out, self._sample, append)
+        verified = verify(
+            logits[:rows], out, lambda rows, reqs: self._sample(rows, reqs)[:2], append
+        )
         self.scheduler.advance(kept.without(verified.failed), verified.num_rejected)
         for request in verified.failed:
             self._fail(request)
         for num_drafts, num_accepted in verified.runs:
             self.speculator.stats.observe(num_drafts, num_accepted)
         return failed + verified.failed
+
+    def _wait_for_grammar(self) -> None:
+        """With nothing to run: wait a moment for the first grammar still compiling, if any."""
+        if self._compiling:
+            grammar = self._compiling[0].grammar
+            assert grammar is not None
+            grammar.wait(GRAMMAR_POLL_S)
 
     def _fail_unusable_grammars(self) -> list[RequestOutput]:
         """Fail the waiting requests whose grammar failed to compile; their outputs."""
@@ -326,13 +362,18 @@ class LLMEngine:
 
     def _sample(
         self, logits: torch.Tensor, requests: list[Request]
-    ) -> tuple[dict[str, tuple[int, Logprob | None]], list[Request]]:
+    ) -> tuple[dict[str, tuple[int, Logprob | None]], list[Request], torch.Tensor]:
         """Each request's token and logprob, sampled as one batch or, if that raises, row by
-        row; and the requests whose own row raised."""
+        row; the requests whose own row raised; and the tokens on the logits' device, one
+        per row (0 in a row that raised)."""
         try:
             out = self.sampler(logits, requests)
             rows = zip(out.token_ids, out.logprobs, strict=True)
-            return {r.request_id: row for r, row in zip(requests, rows, strict=True)}, []
+            return (
+                {r.request_id: row for r, row in zip(requests, rows, strict=True)},
+                [],
+                out.tokens,
+            )
         except Exception:
             log.exception("sampling a batch of %d failed; sampling row by row", len(requests))
         sampled, failed = {}, []
@@ -344,7 +385,8 @@ class LLMEngine:
                 failed.append(request)
                 continue
             sampled[request.request_id] = (out.token_ids[0], out.logprobs[0])
-        return sampled, failed
+        tokens = [sampled[r.request_id][0] if r not in failed else 0 for r in requests]
+        return sampled, failed, to_device(tokens, logits.device, torch.long)
 
     def _fail_step(self, out: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         """The forward raised: nothing in it can be trusted, so all its requests fail."""

@@ -9,6 +9,7 @@ import torch
 from kvserve.engine.core.outputs import Logprob
 from kvserve.engine.core.request import Request
 from kvserve.engine.device_copy import to_device
+from kvserve.engine.host_copy import to_host
 from kvserve.engine.kernels.row_argmax import row_argmax
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.structured.bitmask import apply_grammar_masks
@@ -18,6 +19,7 @@ from kvserve.engine.structured.bitmask import apply_grammar_masks
 class SamplerOutput:
     token_ids: list[int]  # one per row
     logprobs: list[Logprob | None]  # one per row; None where the request did not ask
+    tokens: torch.Tensor  # token_ids on the logits' device (async scheduling feeds them on)
 
 
 def _flat_index(rows: Sequence[Sequence[int]], device: torch.device):
@@ -31,17 +33,31 @@ def logprobs_of(
     logits: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int]
 ) -> list[Logprob]:
     """Log-softmax of ``logits`` rows at ``token_ids``, with ``num_top[row]`` alternatives."""
+    return sampled_with_logprobs(logits, token_ids, num_top)[1]
+
+
+def sampled_with_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int]
+) -> tuple[list[int], list[Logprob]]:
+    """``token_ids`` on the host and their ``Logprob`` (``logprobs_of``), in one device → host
+    copy: ids, chosen values and the top ``k`` values and ids packed as float64 columns
+    (exact for float32 values and for ids below 2**53)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logprobs.gather(1, token_ids[:, None])[:, 0].tolist()
+    chosen = logprobs.gather(1, token_ids[:, None])
     k = max(num_top, default=0)
-    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], token_ids[:, None])
-    values, ids = top_values.tolist(), top_ids.tolist()
-    return [
-        Logprob(token, value, tuple(zip(ids[row][:n], values[row][:n], strict=True)))
-        for row, (token, value, n) in enumerate(
-            zip(token_ids.tolist(), chosen, num_top, strict=True)
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (chosen[:, :0], chosen[:, :0])
+    columns = [token_ids[:, None], chosen, top_values, top_ids]
+    table = to_host(torch.cat([c.double() for c in columns], dim=1))
+    tokens = [int(row[0]) for row in table]
+    found = [
+        Logprob(
+            token,
+            row[1],
+            tuple(zip((int(i) for i in row[2 + k : 2 + k + n]), row[2 : 2 + n], strict=True)),
         )
+        for token, row, n in zip(tokens, table, num_top, strict=True)
     ]
+    return tokens, found
 
 
 class Sampler:
@@ -62,10 +78,10 @@ class Sampler:
         tokens = self._sample(self.adjust_logits(logits, requests), requests)
         wanted = [r.params.logprobs for r in requests]
         if all(n is None for n in wanted):
-            return SamplerOutput(tokens.tolist(), [None] * len(requests))
-        found = logprobs_of(logits, tokens, [n or 0 for n in wanted])
+            return SamplerOutput(to_host(tokens), [None] * len(requests), tokens)
+        ids, found = sampled_with_logprobs(logits, tokens, [n or 0 for n in wanted])
         chosen = [lp if n is not None else None for lp, n in zip(found, wanted, strict=True)]
-        return SamplerOutput(tokens.tolist(), chosen)
+        return SamplerOutput(ids, chosen, tokens)
 
     def adjust_logits(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         params = [r.params for r in requests]

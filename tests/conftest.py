@@ -1,3 +1,4 @@
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -34,3 +35,25 @@ def checkpoint(tmp_path_factory):
         return built[name]
 
     return get
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def scheduling(request):
+    """Run a module's tests twice: every ``LLMEngine`` they build, and every server process
+    they start (``KVSERVE_ASYNC_SCHEDULING``), with async scheduling off, then on; the value
+    is whether it is on. A module opts in with ``pytestmark =
+    pytest.mark.usefixtures("scheduling")``; its module-scoped fixtures that build an engine
+    or start a server take ``scheduling`` as an argument, so that they are built for each."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param:
+            from kvserve.engine.llm_engine import LLMEngine
+
+            build = LLMEngine.__init__
+
+            def build_async(self, config, *args, **kwargs):
+                config = dataclasses.replace(config, async_scheduling=True)
+                build(self, config, *args, **kwargs)
+
+            patch.setattr(LLMEngine, "__init__", build_async)
+            patch.setenv("KVSERVE_ASYNC_SCHEDULING", "true")
+        yield request.param

@@ -10,6 +10,8 @@ from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm_engine import EngineDeadError, LLMEngine
 from kvserve.engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("scheduling")
+
 SHORT = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 LONG = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
 

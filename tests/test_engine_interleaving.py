@@ -17,6 +17,8 @@ from kvserve.engine.llm_engine import LLMEngine
 from audit import assert_all_released, audit_blocks
 from reference import assert_greedy_match, hf_greedy
 
+pytestmark = pytest.mark.usefixtures("scheduling")
+
 ARRIVALS = 40
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
 

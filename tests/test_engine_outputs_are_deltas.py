@@ -9,11 +9,13 @@ from kvserve.engine.sampling_params import SamplingParams
 
 from reference import hf_greedy
 
+pytestmark = pytest.mark.usefixtures("scheduling")
+
 PROMPT = [5, 9, 33, 70, 12, 41]
 
 
 @pytest.fixture(scope="module")
-def llm(checkpoint):
+def llm(checkpoint, scheduling):
     return LLM(str(checkpoint("llama")), num_kv_blocks=64)
 
 

@@ -11,6 +11,8 @@ from kvserve.engine.sampling_params import SamplingParams
 from audit import assert_all_released, audit_blocks
 from reference import assert_greedy_match, hf_greedy
 
+pytestmark = pytest.mark.usefixtures("scheduling")
+
 PROMPT = list(range(5, 41))  # 36 tokens: two full blocks of 16 and four more
 SAMPLED = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
 
@@ -51,11 +53,13 @@ def test_the_other_samples_start_from_the_first_ones_cached_prompt(checkpoint):
     assert_all_released(engine)
 
 
-def test_aborting_the_request_aborts_every_sample_held_or_running(checkpoint):
+def test_aborting_the_request_aborts_every_sample_held_or_running(checkpoint, scheduling):
     engine = LLMEngine(EngineConfig(model=str(checkpoint("llama")), num_kv_blocks=64))
     engine.add_request("r", PROMPT, SAMPLED.replace(n=3, max_tokens=50))
-    engine.step()  # sample 0 computed the prompt; 1 and 2 join the next step
-    engine.step()
+    # sample 0 computes the prompt; 1 and 2 join the step after its blocks are cached (async
+    # scheduling: once that step is processed, one step later)
+    for _ in range(3 if scheduling else 2):
+        engine.step()
     assert engine.stats.num_running == 3
     assert engine.abort_request("r") == 3
     assert engine.step() == []

@@ -1,7 +1,11 @@
 """An engine's ``seed`` (``--seed``): unseeded sampling requests become reproducible."""
 
+import pytest
+
 from kvserve.engine.llm import LLM
 from kvserve.engine.sampling_params import SamplingParams, request_seed
+
+pytestmark = pytest.mark.usefixtures("scheduling")
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11]]
 SAMPLED = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)

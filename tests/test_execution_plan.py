@@ -62,6 +62,8 @@ def test_a_tiny_checkpoint_on_the_cpu_gets_an_exact_plan(checkpoint):
         # one: a dense model's layers, 2 kv heads x 16 elements a token each
         "kv_groups": (KVGroup("full_attention", None, (0, 1), 32),),
         "max_blocks_held_per_seq": 7,
+        "max_num_seqs": 3,
+        "max_num_batched_tokens": 2048,  # a CPU's default
         "num_state_slots": 0,  # no linear-attention layers
         "state_slot_bytes": 0,
     }
@@ -213,3 +215,23 @@ def test_the_engine_runs_and_logs_its_plan_in_one_line(checkpoint, caplog):
         21,
         (21, 16, 2, 16),
     )
+
+
+def test_the_batch_limits_default_to_the_devices_and_a_setting_wins(checkpoint):
+    path = str(checkpoint("llama"))
+    model_config = ModelConfig.from_dir(path)
+
+    def limits(device: str, **settings) -> tuple[int, int]:
+        plan = plan_execution(EngineConfig(model=path, device=device, **settings), model_config)
+        return plan.max_num_seqs, plan.max_num_batched_tokens
+
+    assert limits("cuda") == (256, 8192)  # vLLM's on an H100
+    assert limits("cpu") == (64, 2048)
+    assert limits("cuda", max_num_seqs=64) == (64, 8192)
+    assert limits("cuda", max_num_batched_tokens=2048) == (256, 2048)
+    assert limits("cpu", max_num_seqs=8, max_num_batched_tokens=99) == (8, 99)
+    assert EngineConfig(model=path).batch_limits("meta") == (64, 2048)
+    # a CPU's default KV cache holds max_num_seqs full contexts: the device's when unset
+    blocks_per_seq = -(-model_config.max_position_embeddings // 16)
+    plan = plan_execution(EngineConfig(model=path, device="cpu", dtype="float32"), model_config)
+    assert plan.num_kv_blocks == 64 * blocks_per_seq

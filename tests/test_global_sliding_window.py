@@ -27,6 +27,7 @@ SETTINGS = dict(block_size=4, max_num_batched_tokens=13, enable_prefix_caching=T
 
 
 @pytest.mark.parametrize("family", MODELS)
+@pytest.mark.usefixtures("scheduling")
 def test_windowed_layers_match_transformers_and_cap_no_context(family, tmp_path):
     overrides, groups, num_kv_blocks = MODELS[family]
     path = str(build_checkpoint(family, tmp_path, seed=3, **overrides))

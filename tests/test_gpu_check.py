@@ -2,6 +2,7 @@
 harness run end to end on a tiny checkpoint that it writes itself."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,40 @@ def test_kernel_comparisons_run_their_kernels(monkeypatch):
     assert called.count("paged_attention") == 8
     assert sorted(found["elementwise"][64]) == ["add_rms_norm", "rope", "silu_and_mul"]
     assert called.count("rms_norm") == called.count("rms_norm_reference") == 2
+
+
+def test_prefill_attention_matches_sdpa_on_the_same_shapes():
+    config = gpu_check.llama3_8b_config(**TINY)
+    found = gpu_check.prefill_attention_vs_sdpa(config, 40, torch.device("cpu"), torch.float32)
+    assert found["tokens"] == 40 and found["triton_ms"] > 0 and found["sdpa_ms"] > 0
+    assert found["max_abs_difference"] < 1e-5
+
+
+def test_tiny_run_writes_every_stage(tmp_path):
+    out = tmp_path / "check.json"
+    assert gpu_check.main(["--tiny", "--out", str(out), "--workdir", str(tmp_path / "m")]) == 0
+    report = json.loads(out.read_text())
+    stages = ["device", "checkpoint", "engine", "decode", "prefill", "e2e"]
+    if torch.cuda.is_available():
+        stages = ["device", "kernels", *stages[1:], "syncs"]
+    assert report["stages_done"] == stages
+    assert list(report["decode"]) == ["1", "4"]
+    for step in report["decode"].values():
+        assert step["step_ms"] > 0 and 0 <= step["busy_share"] <= 1
+    assert report["prefill"]["attention"]["tokens"] == 64
+    assert report["prefill"]["attention"]["max_abs_difference"] < 1e-4
+    assert report["e2e"]["async_tokens_per_s"] > 0 and report["e2e"]["sync_tokens_per_s"] > 0
+    assert report["batch_limits"] == ([256, 8192] if torch.cuda.is_available() else [64, 2048])
+
+
+def test_a_run_cut_off_keeps_the_stages_it_finished(tmp_path, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("cut off")
+
+    monkeypatch.setattr(gpu_check, "measure_prefill", broken)
+    out = tmp_path / "check.json"
+    with pytest.raises(RuntimeError, match="cut off"):
+        gpu_check.main(["--tiny", "--out", str(out), "--workdir", str(tmp_path / "m")])
+    report = json.loads(out.read_text())
+    assert report["stages_done"][-2:] == ["engine", "decode"]
+    assert "prefill" not in report and report["decode"]["4"]["step_ms"] > 0

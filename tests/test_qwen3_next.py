@@ -57,6 +57,7 @@ def greedy_matches(
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.usefixtures("scheduling")
 def test_greedy_matches_transformers(qwen3_next, scenario):
     prompts = make_prompts(seed=52, shared_prefixes=scenario != "default-settings")
     engine = greedy_matches(qwen3_next, SCENARIOS[scenario], prompts)

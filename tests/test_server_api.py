@@ -12,6 +12,8 @@ from kvserve import LLM, SamplingParams
 from rank_counts import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 from server_process import API_KEY, ServerProcess
 
+pytestmark = pytest.mark.usefixtures("scheduling")
+
 PROMPT = "def split(text, sep):\n    return"
 
 
@@ -21,7 +23,7 @@ def model_dir(checkpoint):
 
 
 @pytest.fixture(scope="module", params=TENSOR_PARALLEL, ids=TENSOR_PARALLEL_IDS)
-def server(model_dir, tmp_path_factory, request):
+def server(model_dir, tmp_path_factory, request, scheduling):
     log = tmp_path_factory.mktemp("server") / "server.log"
     args = ("--num-kv-blocks", "256", "--max-num-seqs", "16", "--tensor-parallel-size")
     with ServerProcess(model_dir, *args, str(request.param), log=log) as s:
@@ -34,7 +36,7 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def offline(model_dir):
+def offline(model_dir, scheduling):
     return LLM(str(model_dir), num_kv_blocks=256)
 
 

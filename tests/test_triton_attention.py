@@ -660,3 +660,44 @@ def test_engine_on_triton_matches_transformers(checkpoint, family):
     for i, prompt in enumerate(prompts):
         assert_greedy_match(path, prompt, hf_greedy(path, prompt, 6), results[str(i)])
     assert engine.stats.prefix_cache_hits == 8
+
+
+def test_a_mixed_batch_padded_to_a_larger_launch_gives_the_same_rows(seed):
+    """What a full CUDA graph of a mixed batch (decodes and small prefill chunks) relies on:
+    a launch sized for a bucket (more sequences, those of no query token; a larger largest
+    query) computes the real rows exactly as the launch sized for the batch, since the
+    kernel reads the lengths from the device and skips the tiles past each query."""
+    batch = make_batch(
+        MIXED_QUERY_LENS,
+        MIXED_SEQ_LENS,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype=torch.float32,
+        shared=MIXED_SHARED,
+    )
+    TorchAttention().store_kv(
+        batch.key, batch.value, batch.key_cache, batch.value_cache, batch.meta.slot_mapping
+    )
+    meta, pad = batch.meta, 3
+    launch = functools.partial(attention_launch, num_heads=4, num_kv_heads=2)
+    exact = paged_attention(
+        launch(len(MIXED_SEQ_LENS), head_dim=64, max_query_len=meta.max_query_len,
+               dtype=torch.float32),
+        batch.query, batch.key_cache, batch.value_cache, meta, 0.125,
+    )  # fmt: skip
+    ends = meta.query_start_loc
+    padded_meta = dataclasses.replace(
+        meta,
+        query_start_loc=torch.cat([ends, ends[-1:].repeat(pad)]),
+        seq_lens=torch.cat([meta.seq_lens, torch.ones(pad, dtype=torch.int32)]),
+        block_tables=torch.cat([meta.block_tables, meta.block_tables[:1].repeat(pad, 1)]),
+        query_lens_host=[*meta.query_lens_host, *[0] * pad],
+        seq_lens_host=[*meta.seq_lens_host, *[1] * pad],
+        max_query_len=128,
+    )
+    padded = paged_attention(
+        launch(len(MIXED_SEQ_LENS) + pad, head_dim=64, max_query_len=128, dtype=torch.float32),
+        batch.query, batch.key_cache, batch.value_cache, padded_meta, 0.125,
+    )  # fmt: skip
+    assert torch.equal(padded, exact)

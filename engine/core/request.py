@@ -57,6 +57,9 @@ class Request:
         self.params = params
         self.all_token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Tokens sampled by steps still in flight, not yet on the host (async scheduling):
+        # scheduled as the request's next inputs before their values are known.
+        self.num_output_placeholders = 0
         self.status = RequestStatus.WAITING
         self.block_tables: list[list[int]] = []
         self.num_skipped_blocks: list[int] = []  # per group: leading entries dropped (null)
@@ -107,6 +110,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        """``num_tokens`` and the tokens in flight: what the scheduler schedules up to."""
+        return len(self.all_token_ids) + self.num_output_placeholders
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -73,7 +73,7 @@ class SchedulerOutput:
         self.scheduled.append((request, num_new))
         if drafts:
             self.spec_token_ids[request.request_id] = drafts
-        if start + num_new == request.num_tokens + len(drafts or ()):
+        if start + num_new == request.num_tokens_with_placeholders + len(drafts or ()):
             self.sampling_requests.append(request)
         if request.params.prompt_logprobs is not None:
             end = min(start + num_new, request.num_prompt_tokens - 1)
@@ -98,10 +98,13 @@ class SchedulerOutput:
         )
 
     def input_token_ids(self, request: Request, num_new: int) -> list[int]:
-        """The ``num_new`` tokens of ``request`` this step computes, its drafts last."""
+        """The ``num_new`` tokens of ``request`` this step computes, its drafts last (0 for
+        each placeholder)."""
         start = request.num_computed_tokens
         tokens = request.all_token_ids[start : start + num_new]
-        return tokens + self.spec_token_ids.get(request.request_id, [])
+        tokens += self.spec_token_ids.get(request.request_id, [])
+        # a placeholder (async scheduling) is filled on the device before the step runs
+        return tokens + [0] * (num_new - len(tokens))
 
     def num_drafts(self, request: Request) -> int:
         return len(self.spec_token_ids.get(request.request_id, ()))
@@ -161,7 +164,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            remaining = request.num_tokens - request.num_computed_tokens
+            remaining = request.num_tokens_with_placeholders - request.num_computed_tokens
             # a request at its last token may verify its drafts, as far as the budget goes
             drafts = request.spec_token_ids if remaining == 1 else []
             num_new = self.config.chunk(remaining + len(drafts), budget)
@@ -216,16 +219,19 @@ class Scheduler:
     def update(self, out: SchedulerOutput, sampled: list[int], eos_token_ids: set[int]) -> None:
         """Append the sampled tokens (``sampled`` follows ``out.sampling_requests``) and
         ``advance``."""
+        now = time.monotonic()
         for request, token in zip(out.sampling_requests, sampled, strict=True):
-            self.append_token(request, token, eos_token_ids)
+            self.append_token(request, token, eos_token_ids, now)
         self.advance(out)
 
-    def append_token(self, request: Request, token: int, eos_token_ids: set[int]) -> None:
-        """Append one sampled token; finish the request if it hits a stop condition, or if
-        its stop check raised (reason ``"error"``: one request's text cannot stop the
-        others)."""
+    def append_token(
+        self, request: Request, token: int, eos_token_ids: set[int], now: float | None = None
+    ) -> None:
+        """Append one sampled token (at ``now``, default the clock's); finish the request if
+        it hits a stop condition, or if its stop check raised (reason ``"error"``: one
+        request's text cannot stop the others)."""
         request.all_token_ids.append(token)
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         if request.first_token_time is None:
             request.first_token_time = now
         request.last_token_time = now
@@ -239,15 +245,27 @@ class Scheduler:
         """Advance each scheduled request by its tokens, less its rejected drafts
         (``num_rejected``, by request id); the blocks past its computed tokens (those of
         rejected drafts, or a draft model's beyond the drafts scheduled) go back to the pool;
-        index the computed blocks; free the finished requests."""
+        then ``settle``."""
         for request, num_new in out.scheduled:
             rejected = num_rejected.get(request.request_id, 0) if num_rejected else 0
             request.num_computed_tokens += num_new - rejected
             if not request.is_finished:
                 self.kv.free_past_computed(request)
-            self.kv.cache_computed_blocks(request)
+        self.settle([request for request, _ in out.scheduled])
+
+    def settle(self, requests: list[Request]) -> None:
+        """After a step's tokens were appended: index the blocks now computed of each of
+        ``requests`` that holds blocks, and free the finished ones, from whichever queue they
+        are in (with async scheduling, one preempted while its last step was in flight
+        finishes waiting)."""
+        for request in requests:
+            if request.block_tables:
+                self.kv.cache_computed_blocks(request)
             if request.is_finished:
-                self._remove(request)
+                if request in self.running:
+                    self._remove(request)
+                elif request in self.waiting:
+                    self.waiting.remove(request)
         self._refresh_stats()
 
     def _check_stop(self, request: Request, token: int, eos_token_ids: set[int]) -> None:

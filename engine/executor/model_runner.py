@@ -137,7 +137,7 @@ class ModelRunner:
         with self.startup.measure("warmup", device):
             layout = self._static_layout()
             if plan.cuda_graphs:
-                sizes = capture_sizes(config.max_num_seqs)
+                sizes = capture_sizes(plan.max_num_seqs)
                 self.forward = DecodeGraphs(
                     self.model, self.kv_caches, sizes, plan.max_blocks_per_seq, device, layout
                 )
@@ -145,7 +145,7 @@ class ModelRunner:
                 self.forward = CPUDecodeGraphs(
                     self.model,
                     self.kv_caches,
-                    config.max_num_seqs,
+                    plan.max_num_seqs,
                     plan.max_blocks_per_seq,
                     layout=layout,
                 )
@@ -214,7 +214,7 @@ class ModelRunner:
         }
         # a sampling request's rows: its last token's, then each of its drafts'
         sampling = [
-            offset[id(r)] + r.num_tokens - 1 + j
+            offset[id(r)] + r.num_tokens_with_placeholders - 1 + j
             for r in out.sampling_requests
             for j in range(1 + out.num_drafts(r))
         ]

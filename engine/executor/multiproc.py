@@ -65,7 +65,7 @@ from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.execution_plan import ExecutionPlan
 from kvserve.engine.executor import messages, micro_batches
 from kvserve.engine.executor.distributed import RankGroups, free_port, rendezvous_store
-from kvserve.engine.executor.model_runner import ModelRunner
+from kvserve.engine.executor.model_runner import ModelRunner, StepInputs
 from kvserve.engine.executor.node_link import NodeListener
 from kvserve.engine.executor.worker import WorkerSpec, run_worker
 from kvserve.engine.layers.pipeline_parallel import PipelineParallel
@@ -265,20 +265,36 @@ class MultiprocExecutor:
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Prepare the step, send it to every worker, run rank 0's part; the logits. With
         several pipeline stages the step goes as micro-batches (``micro_batches.py``)."""
+        stages = self.runner.pp.size
+        if stages == 1:
+            return self.run(self.prepare(out))
+        parts = micro_batches.split(out, stages)
+        batches = [self.runner.prepare(part) for part in parts]
+        return self._send_and_run(
+            batches,
+            lambda: micro_batches.join_logits(parts, self.runner.run_micro_batches(batches)),
+        )
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        """The step's inputs (rank 0's ``ModelRunner.prepare``), one batch: async scheduling
+        runs no pipeline stages."""
+        return self.runner.prepare(out)
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Send prepared inputs to every worker and run rank 0's part; the logits."""
+        return self._send_and_run([inputs], lambda: self.runner.run(inputs))
+
+    def _send_and_run(
+        self, batches: list[StepInputs], run_local: Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
         if self._failure is not None:
             raise ExecutorFailedError(self._failure)
-        stages = self.runner.pp.size
-        parts = micro_batches.split(out, stages) if stages > 1 else [out]
-        batches = [self.runner.prepare(part) for part in parts]
         try:
             for inputs in batches:
                 frame = messages.frame(messages.Step.of(inputs))
                 for worker in self.workers:
                     worker.sock.sendall(frame)
-            if len(batches) == 1:
-                logits = self.runner.run(batches[0])
-            else:
-                logits = micro_batches.join_logits(parts, self.runner.run_micro_batches(batches))
+            logits = run_local()
         except Exception as exc:
             raise self._failed(exc) from exc
         self.check_health()  # a non-blocking waitpid per worker: a few µs

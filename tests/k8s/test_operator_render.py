@@ -293,6 +293,18 @@ def test_tool_call_parser_and_kv_events_exact() -> None:
     kubernetes_validate.validate(render(body)["Deployment"], K8S_SCHEMA_VERSION, strict=True)
 
 
+@pytest.mark.parametrize(
+    "value, flag", [(True, "--async-scheduling"), (False, "--no-async-scheduling")]
+)
+def test_async_scheduling_renders_its_flag_only_when_set(value: bool, flag: str) -> None:
+    body = owner("cpu-demo.yaml")
+    plain = render(body)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    body["spec"]["engine"] = {**body["spec"].get("engine", {}), "asyncScheduling": value}
+    args = render(body)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not {"--async-scheduling", "--no-async-scheduling"} & set(plain)
+    assert args == [*plain, flag]
+
+
 def test_kv_events_default_port_and_off_by_default() -> None:
     body = owner("cpu-demo.yaml")
     plain = render(body)["Deployment"]["spec"]["template"]["spec"]["containers"][0]

@@ -227,7 +227,8 @@ def test_every_flag_the_operator_renders_is_owned() -> None:
                "toolCallParser": "llama3_json", "kvEvents": {"enabled": True},
                "distributedExecutorBackend": "uni", "quantization": "fp8",
                "reasoningParser": "openai_gptoss", "maxCpuLoras": 2,
-               "speculativeConfig": {"method": "ngram", "numSpeculativeTokens": 2}}  # fmt: skip
+               "speculativeConfig": {"method": "ngram", "numSpeculativeTokens": 2},
+               "asyncScheduling": True}  # fmt: skip
     body["spec"]["engine"] = engine
     spec, source = validated(body)
     rendered = [a for a in serve_args("cpu-demo", spec, source) if a.startswith("--")]
@@ -239,7 +240,7 @@ def test_every_flag_the_operator_renders_is_owned() -> None:
         "--distributed-executor-backend", "--quantization", "--kv-cache-dtype",
         "--max-loras", "--max-lora-rank", "--max-cpu-loras",
         "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
-        "--kv-events-config", "--speculative-config",
+        "--kv-events-config", "--speculative-config", "--async-scheduling",
     ]  # fmt: skip
     assert {d.flag for d in CRD_ENGINE_SETTINGS} <= set(rendered)
     assert [a for a in rendered if a not in OWNED] == []

@@ -1,0 +1,60 @@
+"""One device → host copy per step: the sampled tokens with their log-probabilities, packed,
+whatever the batch mixes (greedy, seeded top-k/top-p/min-p, penalties, logit bias,
+``min_tokens``, a grammar), with async scheduling off and on. Every copy the engine makes
+goes through ``host_copy.to_host``, which counts them."""
+
+import itertools
+import json
+
+import pytest
+
+from kvserve import SamplingParams
+from kvserve.engine.config import EngineConfig
+from kvserve.engine.host_copy import HostCopies
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.structured.spec import OutputConstraint
+
+SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+BATCH = {
+    "greedy": SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2),
+    "sampled": SamplingParams(
+        temperature=0.9, top_k=20, top_p=0.8, min_p=0.05, seed=1, max_tokens=12, logprobs=3
+    ),
+    "penalised": SamplingParams(
+        temperature=0,
+        max_tokens=8,
+        repetition_penalty=1.2,
+        frequency_penalty=0.3,
+        presence_penalty=0.2,
+        logit_bias={7: 2.0},
+        min_tokens=4,
+    ),
+    "json": SamplingParams(max_tokens=30, constraint=OutputConstraint("json", json.dumps(SCHEMA))),
+}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_each_step_copies_to_the_host_once(checkpoint, async_scheduling):
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(checkpoint("llama")), num_kv_blocks=64, async_scheduling=async_scheduling
+        )
+    )
+    engine.grammars.compile(BATCH["json"].constraint)
+    at_each_run: list[int] = []
+    run = engine.runner.run
+
+    def counted(inputs):
+        at_each_run.append(HostCopies.count)
+        return run(inputs)
+
+    engine.runner.run = counted
+    for request_id, params in BATCH.items():
+        engine.add_request(request_id, "def f(x):", params)
+    finished = set()
+    while engine.has_unfinished_requests():
+        finished |= {o.request_id for o in engine.step() if o.finished}
+    at_each_run.append(HostCopies.count)
+    assert finished == set(BATCH)
+    copies = [b - a for a, b in itertools.pairwise(at_each_run)]
+    assert len(copies) >= 12 and set(copies) == {1}
