@@ -140,3 +140,23 @@ def test_a_failed_forward_fails_its_step_and_the_one_queued_behind_it(checkpoint
     assert_all_released(engine)
     final, _ = run_requests(engine, {"f": GREEDY})
     assert final["f"].outputs[0].finish_reason == "length"
+
+
+def test_speculative_decoding_keeps_async_scheduling_off_with_a_warning(checkpoint, caplog):
+    config = EngineConfig(
+        model=str(checkpoint("llama")),
+        num_kv_blocks=64,
+        block_size=4,
+        async_scheduling=True,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+    )
+    with caplog.at_level("WARNING", logger="kvserve.engine.llm_engine"):
+        engine = LLMEngine(config)
+    assert engine._async is None
+    assert "async scheduling is off: speculative_config does not run with it" in caplog.text
+    final, _ = run_requests(engine, {"o": GREEDY})
+    engine.shutdown()
+    sync = build(config.model, async_scheduling=False)
+    expected, _ = run_requests(sync, {"o": GREEDY})
+    sync.shutdown()
+    assert tokens(final) == tokens(expected)
