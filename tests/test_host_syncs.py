@@ -18,7 +18,14 @@ SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}}, "required
 BATCH = {
     "greedy": SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2),
     "sampled": SamplingParams(
-        temperature=0.9, top_k=20, top_p=0.8, min_p=0.05, seed=1, max_tokens=12, logprobs=3
+        temperature=0.9,
+        top_k=20,
+        top_p=0.8,
+        min_p=0.05,
+        seed=1,
+        max_tokens=12,
+        logprobs=3,
+        ignore_eos=True,
     ),
     "penalised": SamplingParams(
         temperature=0,
