@@ -238,9 +238,9 @@ def test_every_flag_the_operator_renders_is_owned() -> None:
         "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
         "--long-prefill-token-threshold", "--block-size", "--gpu-memory-utilization",
         "--distributed-executor-backend", "--quantization", "--kv-cache-dtype",
-        "--max-loras", "--max-lora-rank", "--max-cpu-loras",
+        "--async-scheduling", "--max-loras", "--max-lora-rank", "--max-cpu-loras",
         "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
-        "--kv-events-config", "--speculative-config", "--async-scheduling",
+        "--kv-events-config", "--speculative-config",
     ]  # fmt: skip
     assert {d.flag for d in CRD_ENGINE_SETTINGS} <= set(rendered)
     assert [a for a in rendered if a not in OWNED] == []
