@@ -2,6 +2,8 @@
 
 from collections import Counter
 
+from joined_outputs import JoinedOutputs
+
 from kvserve.engine.core.scheduler import Scheduler
 from kvserve.engine.llm_engine import LLMEngine
 
@@ -46,3 +48,16 @@ def assert_all_released(engine: LLMEngine) -> None:
     assert all(b.ref_count == 0 for b in pool.blocks)
     slots = engine.kv.slots
     assert slots is None or slots.num_free == slots.num_slots
+
+
+def run_audited(engine: LLMEngine) -> dict[str, list[int]]:
+    """Step ``engine`` until nothing is unfinished, auditing its blocks after every step and
+    checking every block released at the end; each finished request's token ids."""
+    finished, seen = {}, JoinedOutputs()
+    while engine.has_unfinished_requests():
+        for out in seen.add(engine.step()):
+            if out.finished:
+                finished[out.request_id] = out.outputs[0].token_ids
+        audit_blocks(engine)
+    assert_all_released(engine)
+    return finished

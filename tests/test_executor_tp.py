@@ -4,7 +4,6 @@ prefill, prefix caching and preemption, every block accounted for after every st
 engine stops its worker when it shuts down."""
 
 import pytest
-from joined_outputs import JoinedOutputs
 from test_engine_interleaving import arrivals
 
 from kvserve import SamplingParams
@@ -12,7 +11,7 @@ from kvserve.engine.config import EngineConfig
 from kvserve.engine.executor.multiproc import MultiprocExecutor
 from kvserve.engine.llm_engine import LLMEngine
 
-from audit import assert_all_released, audit_blocks
+from audit import run_audited
 from faults import gone
 from reference import assert_greedy_match, hf_greedy
 
@@ -41,13 +40,7 @@ def test_two_ranks_give_transformers_tokens_under_block_pressure(checkpoint, fam
         for request_id, prompt, max_tokens in requests:
             params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
             engine.add_request(request_id, prompt, params)
-        finished, seen = {}, JoinedOutputs()
-        while engine.has_unfinished_requests():
-            for out in seen.add(engine.step()):
-                if out.finished:
-                    finished[out.request_id] = out.outputs[0].token_ids
-            audit_blocks(engine)
-        assert_all_released(engine)
+        finished = run_audited(engine)
         for request_id, prompt, max_tokens in requests:
             expected = hf_greedy(path, prompt, max_tokens)
             assert_greedy_match(path, prompt, expected, finished[request_id])

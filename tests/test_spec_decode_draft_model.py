@@ -3,14 +3,13 @@ and seeded), under block pressure with chunked prefill, prefix caching and preem
 every block accounted for after each step; a draft identical to the target is always right."""
 
 import pytest
-from joined_outputs import JoinedOutputs
 
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.llm import LLM
 from kvserve.engine.llm_engine import LLMEngine
 
-from audit import assert_all_released, audit_blocks
+from audit import run_audited
 from checkpoints import build_checkpoint
 
 PROMPTS = [
@@ -36,14 +35,7 @@ def run(path, params, speculative_config=None):
     )
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(str(i), prompt, params.replace(seed=i) if params.seed else params)
-    seen = JoinedOutputs()
-    finished = {}
-    while engine.has_unfinished_requests():
-        for out in seen.add(engine.step()):
-            if out.finished:
-                finished[out.request_id] = out.outputs[0].token_ids
-        audit_blocks(engine)
-    assert_all_released(engine)
+    finished = run_audited(engine)
     return [finished[str(i)] for i in range(len(PROMPTS))], engine
 
 
