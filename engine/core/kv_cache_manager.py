@@ -207,8 +207,9 @@ class KVCacheManager:
         blocks that only rejected draft tokens used (speculative decoding)."""
         keep = cdiv(request.num_computed_tokens, self.block_size)
         for table in request.block_tables:
-            self.pool.free([self.pool.blocks[i] for i in reversed(table[keep:])])
-            del table[keep:]
+            if len(table) > keep:  # every step of every request comes here: mostly not
+                self.pool.free([self.pool.blocks[i] for i in reversed(table[keep:])])
+                del table[keep:]
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, each table tail first, and its state slot; empty
