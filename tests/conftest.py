@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -56,4 +57,31 @@ def scheduling(request):
 
             patch.setattr(LLMEngine, "__init__", build_async)
             patch.setenv("KVSERVE_ASYNC_SCHEDULING", "true")
+        yield request.param
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+
+
+@pytest.fixture(scope="module", params=[None, "ngram"], ids=["no-spec", "ngram"])
+def speculation(request, scheduling):
+    """Run a module's tests also with n-gram speculative decoding (``NGRAM``) in every
+    ``LLMEngine`` they build and every server they start (``KVSERVE_SPECULATIVE_CONFIG``):
+    greedy and seeded outputs must not change. Not beside async scheduling, which it turns
+    off (those runs would repeat the synchronous ones). Opted in like ``scheduling``; the
+    value is the method, or None."""
+    if request.param is not None and scheduling:
+        pytest.skip("speculative decoding turns async scheduling off")
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param is not None:
+            from kvserve.engine.llm_engine import LLMEngine
+
+            build = LLMEngine.__init__
+
+            def build_speculating(self, config, *args, **kwargs):
+                config = dataclasses.replace(config, speculative_config=NGRAM)
+                build(self, config, *args, **kwargs)
+
+            patch.setattr(LLMEngine, "__init__", build_speculating)
+            patch.setenv("KVSERVE_SPECULATIVE_CONFIG", json.dumps(NGRAM))
         yield request.param

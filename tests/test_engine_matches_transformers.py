@@ -18,7 +18,7 @@ from audit import assert_all_released, audit_blocks
 from checkpoints import FAMILIES, build_checkpoint
 from reference import assert_greedy_match, hf_greedy
 
-pytestmark = pytest.mark.usefixtures("scheduling")
+pytestmark = pytest.mark.usefixtures("scheduling", "speculation")
 MAX_TOKENS = 24
 SCENARIOS = {
     "whole-prompts": dict(num_kv_blocks=512, max_num_batched_tokens=2048),

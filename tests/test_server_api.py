@@ -12,7 +12,7 @@ from kvserve import LLM, SamplingParams
 from rank_counts import TENSOR_PARALLEL, TENSOR_PARALLEL_IDS
 from server_process import API_KEY, ServerProcess
 
-pytestmark = pytest.mark.usefixtures("scheduling")
+pytestmark = pytest.mark.usefixtures("scheduling", "speculation")
 
 PROMPT = "def split(text, sep):\n    return"
 
@@ -23,7 +23,7 @@ def model_dir(checkpoint):
 
 
 @pytest.fixture(scope="module", params=TENSOR_PARALLEL, ids=TENSOR_PARALLEL_IDS)
-def server(model_dir, tmp_path_factory, request, scheduling):
+def server(model_dir, tmp_path_factory, request, scheduling, speculation):
     log = tmp_path_factory.mktemp("server") / "server.log"
     args = ("--num-kv-blocks", "256", "--max-num-seqs", "16", "--tensor-parallel-size")
     with ServerProcess(model_dir, *args, str(request.param), log=log) as s:
@@ -36,7 +36,7 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def offline(model_dir, scheduling):
+def offline(model_dir, scheduling, speculation):
     return LLM(str(model_dir), num_kv_blocks=256)
 
 
