@@ -98,6 +98,10 @@ class ModelRunner:
         self.lora: LoRASlots | None = None
         if config.enable_lora:
             self.lora = LoRASlots(self.model, config.max_loras, config.max_lora_rank, device)
+        self.draft: DraftModel | None = None
+        if draft_config(config) is not None:  # before the KV cache is sized next to it
+            with self.startup.measure("load", device):
+                self.draft = DraftModel(config, model_config, plan)
         with self.startup.measure("kv_alloc", device):
             if plan.num_kv_blocks is None:
                 if pp.size > 1:
@@ -121,16 +125,14 @@ class ModelRunner:
                 tp,
                 pp.layers(model_config.num_layers) if pp.size > 1 else None,
             )
+            if self.draft is not None:
+                self.draft.allocate_kv(plan.num_kv_blocks)
             self.linear_layers = model_config.linear_layers
             if plan.num_state_slots:
                 assert model_config.gated_delta_net is not None
                 spec = model_config.gated_delta_net.state_spec(tp.size, dtype)
                 for layer in self.linear_layers:
                     self.kv_caches[layer] = spec.allocate(plan.num_state_slots, device)
-        self.draft: DraftModel | None = None
-        if draft_config(config) is not None:
-            with self.startup.measure("load", device):
-                self.draft = DraftModel(config, model_config, plan)
         if device.type == "cpu":
             host_allocator.keep_step_memory()
         self.forward: Callable[..., torch.Tensor] = self.model

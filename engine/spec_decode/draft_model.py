@@ -29,11 +29,12 @@ from kvserve.engine.spec_decode.draft_kv import draft_config
 
 
 class DraftModel:
-    """The draft checkpoint loaded for ``plan``'s device and dtype, with its KV tensors."""
+    """The draft checkpoint loaded for ``plan``'s device and dtype, with its KV tensors
+    (``allocate_kv``)."""
 
     def __init__(self, config: EngineConfig, target: ModelConfig, plan: ExecutionPlan) -> None:
         cfg = draft_config(config)
-        assert cfg is not None and plan.num_kv_blocks is not None
+        assert cfg is not None
         if cfg.vocab_size != target.vocab_size:
             raise ValueError(
                 f"speculative_config.model has a vocabulary of {cfg.vocab_size} tokens, the "
@@ -56,15 +57,23 @@ class DraftModel:
             plan.device,
             packed=plan.packed_linears,
         )
-        shape = (plan.num_kv_blocks, plan.block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.cfg, self.kv_dtype = cfg, plan.kv_cache_dtype
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._first_row = torch.zeros(1, dtype=torch.long, device=plan.device)
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        """The draft's KV tensors, one pair per layer of ``num_blocks`` blocks: made after
+        the target's KV is sized, whose measure of free device memory counts the draft's
+        weights already (they are loaded first)."""
+        cfg = self.cfg
+        shape = (num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=plan.kv_cache_dtype, device=plan.device),
-                torch.zeros(shape, dtype=plan.kv_cache_dtype, device=plan.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
             )
             for _ in range(cfg.num_layers)
         ]
-        self._first_row = torch.zeros(1, dtype=torch.long, device=plan.device)
 
     def forward_step(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
