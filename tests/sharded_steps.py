@@ -114,6 +114,9 @@ def _rank_main(
     try:
         tp = TensorParallel(rank, size, dist.group.WORLD)
         torch.save({path.name: compute(path, tp) for path in paths}, out / f"rank{rank}.pt")
+        # neither rank tears the group down while the other may still be in its last
+        # collective (a CI run saw rank 1 abort in gloo at teardown, once)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

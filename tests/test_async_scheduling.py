@@ -118,6 +118,8 @@ def test_a_failed_forward_fails_its_step_and_the_one_queued_behind_it(checkpoint
         engine.add_request(request_id, prompt, GREEDY)
     engine.step()
     engine.step()  # the prefill's tokens out; the first decode step in flight
+    assert engine._async is not None and engine._async.in_flight is not None
+    engine._async.in_flight.result.result()  # it ran: the next step is the one that fails
     run = engine.runner.run
     calls = []
 
@@ -133,6 +135,8 @@ def test_a_failed_forward_fails_its_step_and_the_one_queued_behind_it(checkpoint
         outputs += engine.step()
         audit_blocks(engine)
     assert [(o.request_id, o.finished, o.outputs[0].finish_reason) for o in outputs] == [
+        ("f", False, None),  # the first decode step's tokens
+        ("o", False, None),
         ("f", True, "error"),
         ("o", True, "error"),
     ]
