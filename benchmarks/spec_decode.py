@@ -255,7 +255,6 @@ def report(
     started_at: str,
 ) -> str:
     config = json.dumps(speculative_config(args))
-    threads = os.environ.get("OMP_NUM_THREADS", "unset")
     servers = "kvserve serve and vllm serve" if args.vllm else "kvserve serve"
     lines = [
         "# Speculative decoding (n-gram) on a CPU",
@@ -266,7 +265,7 @@ def report(
         f"directory, served in {args.dtype}), greedy, EOS ignored, {args.max_tokens} output "
         f"tokens; `--speculative-config '{config}'`. {args.single} requests one at a time "
         f"(1 stream), {args.requests} at min(16, {args.requests}) streams; {servers}, one at a "
-        f"time, speculation off then on; OMP_NUM_THREADS {threads}"
+        f"time, speculation off then on; OMP_NUM_THREADS={args.threads} for both"
         + (f", vLLM's VLLM_CPU_OMP_THREADS_BIND={args.vllm_threads_bind}" if args.vllm else "")
         + f", KV cache {args.kv_cache_gib} GiB each.",
         "",
@@ -296,13 +295,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--kv-cache-gib", default="2", help="each server's KV-cache budget")
-    p.add_argument("--vllm-threads-bind", default=f"0-{os.cpu_count() - 1}",
-                   help="vLLM's VLLM_CPU_OMP_THREADS_BIND")  # fmt: skip
+    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of both servers "
+                   "(1: OpenMP's spinning threads crawl on a shared machine)")  # fmt: skip
+    p.add_argument("--vllm-threads-bind", default="nobind", help="vLLM's VLLM_CPU_OMP_"
+                   "THREADS_BIND (nobind: --threads threads, unbound, as kvserve's)")  # fmt: skip
     p.add_argument("--start-timeout", type=float, default=600.0, help="seconds a start may take")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=HERE / "results" / "spec-decode-cpu.md")
     args = p.parse_args(argv)
-    for flag in ("requests", "single", "max_tokens", "num_speculative_tokens"):
+    for flag in ("requests", "single", "max_tokens", "num_speculative_tokens", "threads"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.vllm and not (Path(args.vllm).is_file() and os.access(args.vllm, os.X_OK)):
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
                     argv = server_argv(server, model, args, 0, more_flags(args, speculation))
                     print(shlex.join(argv))
             return
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the servers' environments copy it
         export(smollm2.fetch(), model)
         prompts = workload_prompts(model, args)
         rows: list[Row] = []
