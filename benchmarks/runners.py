@@ -124,22 +124,38 @@ def _single_stream_step_ms(engine: Any, spec: Spec) -> float:
 
 
 def run_vllm(spec: Spec) -> dict[str, Any]:
+    """vLLM's ``LLM.generate``; with ``spec["lora"]`` (lora_cpu.py: ``max_loras``,
+    ``max_lora_rank`` and ``adapters``, each ``[name, id, path]`` or None for the base
+    model), LoRA on and request i under ``adapters[i % len(adapters)]``."""
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 
+    lora = spec.get("lora")
+    options = {}
+    adapters: list[Any] = []
+    if lora is not None:
+        options = {
+            "enable_lora": True,
+            "max_loras": lora["max_loras"],
+            "max_lora_rank": lora["max_lora_rank"],
+        }
+        adapters = [a and LoRARequest(*a) for a in lora["adapters"]]
     llm = LLM(
         model=spec["model"],
         dtype=spec["dtype"],
         enable_prefix_caching=False,
         max_model_len=spec["max_model_len"],
         seed=0,
+        **options,
     )
 
     def generate(prompts: Outputs, max_tokens: int) -> Outputs:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         token_prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-        results = llm.generate(token_prompts, params, use_tqdm=False)
+        per_prompt = [adapters[i % len(adapters)] for i in range(len(prompts))] if lora else None
+        results = llm.generate(token_prompts, params, use_tqdm=False, lora_request=per_prompt)
         return [list(r.outputs[0].token_ids) for r in results]
 
     return _timed(spec, generate) | {"version": vllm.__version__}

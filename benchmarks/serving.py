@@ -34,12 +34,13 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from importlib.metadata import version
 from pathlib import Path
@@ -333,27 +334,36 @@ async def measure(
     return summaries, records
 
 
-@contextlib.contextmanager
-def started(
-    server: str, model: Path, args, workdir: Path, log: Path, round_: int
-) -> Iterator[Target]:
-    """A fresh ``kvserve serve`` or ``vllm serve`` on a free port, stopped on the way out."""
-    port = free_port()
-    extra = ["--max-model-len", str(args.max_model_len), "--enable-prefix-caching"]
+def server_argv(name: str, model: Path, args, port: int, more: Sequence[str] = ()) -> list[str]:
+    """The command line of target `name` (kvserve, kvserve-async or vllm): the same
+    max_model_len, prefix caching, block size and KV budget for both servers, then `more`
+    (flags both get, as spec_decode.py's ``--speculative-config``)."""
+    extra = ["--max-model-len", str(args.max_model_len), "--enable-prefix-caching", *more]
     if args.block_size:
         extra += ["--block-size", str(args.block_size)]
-    name, server = server, server.removesuffix("-async")
+    server = name.removesuffix("-async")
     if server == "kvserve":
         extra += ["--kv-cache-memory-gb", str(args.kv_cache_gib)]
         extra += ["--async-scheduling"] if name == "kvserve-async" else []
-    argv = command(server, model, port, args.vllm, args.dtype, extra)
+    return command(server, model, port, args.vllm, args.dtype, extra)
+
+
+@contextlib.contextmanager
+def started(
+    name: str, model: Path, args, workdir: Path, log: Path, round_: int, more: Sequence[str] = ()
+) -> Iterator[Target]:
+    """A fresh ``kvserve serve`` or ``vllm serve`` (``server_argv``) on a free port, stopped
+    on the way out."""
+    port = free_port()
+    argv = server_argv(name, model, args, port, more)
+    server = name.removesuffix("-async")
     cache = workdir / f"cache-{name}"
     env = environment(server, cache, args.vllm_threads_bind, str(args.kv_cache_gib))
     process, began = spawn(argv, env, log, server)
     try:
         ready = wait_ready(process, f"http://127.0.0.1:{port}", began, args.start_timeout, log)
         target = Target(name, f"http://127.0.0.1:{port}", server, ready_s=ready, round=round_)
-        target.command = " ".join([Path(argv[0]).name, *argv[1:]])
+        target.command = shlex.join([Path(argv[0]).name, *argv[1:]])
         yield target
     finally:
         stop(process)

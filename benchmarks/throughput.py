@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from checkpoint import PROMPT_IDS, SHAPES, Checkpoint, build_checkpoint
 from machine import copy_bandwidth_gbs, describe, load_average, matmul_gflops
+from server_launch import last_error
 
 HERE = Path(__file__).resolve().parent
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -109,9 +110,10 @@ def run_engine(
             subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                            timeout=args.timeout, check=True)  # fmt: skip
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-            tail = log_path.read_text().strip().splitlines()[-15:]
+            text = log_path.read_text()
+            tail = text.strip().splitlines()[-15:]
             print(f"  {engine} failed ({e}); log tail:", *tail, sep="\n    ", file=sys.stderr)
-            return {"error": type(e).__name__}
+            return {"error": type(e).__name__, "message": last_error(text)}
     return json.loads(result_path.read_text())
 
 
