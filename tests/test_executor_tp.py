@@ -4,16 +4,14 @@ prefill, prefix caching and preemption, every block accounted for after every st
 engine stops its worker when it shuts down."""
 
 import pytest
-from test_engine_interleaving import arrivals
 
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.executor.multiproc import MultiprocExecutor
 from kvserve.engine.llm_engine import LLMEngine
 
-from audit import run_audited
 from faults import gone
-from reference import assert_greedy_match, hf_greedy
+from pressure_run import assert_arrivals_match_transformers
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen2_moe"])
@@ -36,16 +34,7 @@ def test_two_ranks_give_transformers_tokens_under_block_pressure(checkpoint, fam
     assert executor.runner.tp.size == 2 and len(executor.pids) == 1
     assert engine.plan.cpu_graphs is False
     try:
-        requests = arrivals(7)[:20]
-        for request_id, prompt, max_tokens in requests:
-            params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-            engine.add_request(request_id, prompt, params)
-        finished = run_audited(engine)
-        for request_id, prompt, max_tokens in requests:
-            expected = hf_greedy(path, prompt, max_tokens)
-            assert_greedy_match(path, prompt, expected, finished[request_id])
-        stats = engine.stats
-        assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0, stats
+        assert_arrivals_match_transformers(engine, path, 20)
     finally:
         engine.shutdown()
     assert all(gone(pid) for pid in executor.pids)

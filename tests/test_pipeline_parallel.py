@@ -4,9 +4,7 @@ chunked prefill, prefix caching and preemption; each stage holds its contiguous 
 their KV pages alone; a model whose step is not the shared decoder's is refused by name."""
 
 import pytest
-from test_engine_interleaving import arrivals
 
-from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
 from kvserve.engine.execution_plan import plan_execution
 from kvserve.engine.executor.multiproc import MultiprocExecutor
@@ -15,10 +13,9 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.models.decoder import MissingLayer
 from kvserve.engine.models.model_config import ModelConfig
 
-from audit import run_audited
 from faults import gone
 from hybrid_checkpoints import build_qwen3_next
-from reference import assert_greedy_match, hf_greedy
+from pressure_run import assert_arrivals_match_transformers
 
 
 @pytest.mark.parametrize("family", ["llama", "llama3-tied", "qwen3_moe"])
@@ -38,16 +35,7 @@ def test_two_stages_give_transformers_tokens_under_block_pressure(checkpoint, fa
     executor = engine.runner
     assert isinstance(executor, MultiprocExecutor) and len(executor.pids) == 1
     try:
-        requests = arrivals(7)[:12]
-        for request_id, prompt, max_tokens in requests:
-            params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-            engine.add_request(request_id, prompt, params)
-        finished = run_audited(engine)
-        for request_id, prompt, max_tokens in requests:
-            expected = hf_greedy(path, prompt, max_tokens)
-            assert_greedy_match(path, prompt, expected, finished[request_id])
-        stats = engine.stats
-        assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0, stats
+        assert_arrivals_match_transformers(engine, path, 12)
     finally:
         engine.shutdown()
     assert all(gone(pid) for pid in executor.pids)
