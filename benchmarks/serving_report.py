@@ -7,12 +7,8 @@ import statistics
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 from serving_client import Record
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 
 @dataclass(frozen=True)
@@ -201,7 +197,13 @@ def _bars(ax, groups: list[str], series: dict[str, list[float]]) -> None:
 
 def _grid(summaries: list[Summary], metrics, groups: list[str], path: Path, title: str) -> None:
     """One row per metric (name, function of a Summary giving one value per group), one
-    column per workload, one bar per target in each group."""
+    column per workload, one bar per target in each group. matplotlib (the `bench` extra)
+    is imported here, not at the top: the tables and the benchmarks' tests need none of it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     workloads = list(dict.fromkeys(s.workload for s in summaries))
     targets = list(dict.fromkeys(s.target for s in summaries))
     at = {(s.workload, s.target): s for s in summaries}
