@@ -84,6 +84,13 @@ class EngineConfig:
     enforce_eager: bool = setting(
         False, help="no replayed decode steps (CUDA graphs, recorded CPU kernel calls)"
     )
+    max_cudagraph_capture_size: int = setting(
+        512,
+        minimum=0,
+        help="the most tokens of a step with prefill chunks that replays a CUDA graph "
+        "(capped at max_num_batched_tokens; 0: such steps run eagerly, decode steps alone "
+        "replay graphs)",
+    )
     tensor_parallel_size: int = setting(
         1,
         minimum=1,
