@@ -187,8 +187,8 @@ def test_replayed_mixed_graphs_give_transformers_tokens(checkpoint):
         eager.append(input_ids.shape[0])
         return model(input_ids, *args)
 
-    graphs.steps.fill = filled  # type: ignore[method-assign]
-    graphs.model = eagerly  # type: ignore[assignment]
+    graphs.steps.fill = filled
+    graphs.model = eagerly
     assert_arrivals_match_transformers(engine, path)
     assert Bucket(64, 4, 64) in replayed and Bucket(80, 4, 80) in replayed
     assert eager == []
