@@ -7,6 +7,7 @@ process, the benchmark model (``llama-134m``, float32), rounds taking turns:
   step with a prefill chunk): what that saving would be a share of.
 
     python benchmarks/cpu_mixed_steps.py [--decodes 6] [--chunks 32 128 512] [--rounds 3]
+        [--threads N] [--out FILE]
 """
 
 import argparse
@@ -27,8 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, nargs="+", default=[32, 128, 512])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--threads", type=int, help="torch's threads (default: torch's own)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from kvserve.engine.config import EngineConfig
     from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
     from kvserve.engine.llm_engine import LLMEngine
