@@ -11,9 +11,10 @@ a graph would freeze.
 Memory: every graph allocates from one pool, captured the most tokens first, so the pool
 holds the largest step's intermediates once (for the Llama-3-8B shape at 512 tokens in
 bf16, ≈ 60 MiB: the MLP's 512 x 28,672 gate-up rows the most), plus each graph's output
-(``seqs`` x hidden, at most 2 MiB) and the static inputs (block tables: groups x
-``max_num_seqs`` x ``max_blocks_per_seq`` int32, 0.5 MiB at 256 x 520). Each graph is
-captured after one eager warm-up run of its shape.
+(``seqs`` x hidden, at most 2 MiB) and the static inputs (the decode and the mixed static
+batch each have block tables of groups x ``max_num_seqs`` x ``max_blocks_per_seq`` int32,
+0.5 MiB at 256 x 520). An estimate: unmeasured on a device. Each graph is captured after
+one eager warm-up run of its shape.
 """
 
 from collections.abc import Sequence
