@@ -6,11 +6,12 @@ import torch
 
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.graphs.cuda_graphs import (
-    DecodeGraphs,
+from kvserve.engine.graphs.cuda_graphs import CUDAGraphs, use_cuda_graphs
+from kvserve.engine.graphs.graph_buckets import (
+    Bucket,
+    MixedBuckets,
     capture_sizes,
     padded_size,
-    use_cuda_graphs,
 )
 from kvserve.engine.graphs.static_batch import StaticDecodeBatch
 from kvserve.engine.llm_engine import LLMEngine
@@ -76,8 +77,11 @@ def decoding_engine(checkpoint):
 def test_only_a_cuda_engine_captures_graphs(decoding_engine):
     runner = decoding_engine.runner
     if runner.plan.device.type == "cuda":
-        assert isinstance(runner.forward, DecodeGraphs)
-        assert sorted(runner.forward.graphs) == capture_sizes(64)
+        assert isinstance(runner.forward, CUDAGraphs)
+        plan = runner.plan
+        decode = [Bucket(size, size, 1) for size in capture_sizes(plan.max_num_seqs)]
+        mixed = MixedBuckets(min(512, plan.max_num_batched_tokens), plan.max_num_seqs).all()
+        assert sorted(runner.forward.graphs) == sorted([*decode, *mixed])
     else:
         assert runner.forward is runner.model
 

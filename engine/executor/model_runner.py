@@ -22,7 +22,8 @@ from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan
 from kvserve.engine.executor.kv_pages import layer_caches
 from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
-from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
+from kvserve.engine.graphs.cuda_graphs import CUDAGraphs
+from kvserve.engine.graphs.graph_buckets import MixedBuckets, capture_sizes
 from kvserve.engine.graphs.static_batch import STATE
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.linear_attention.metadata import StateMetadata
@@ -140,9 +141,12 @@ class ModelRunner:
             layout = self._static_layout()
             if plan.cuda_graphs:
                 sizes = capture_sizes(plan.max_num_seqs)
-                self.forward = DecodeGraphs(
-                    self.model, self.kv_caches, sizes, plan.max_blocks_per_seq, device, layout
-                )
+                mixed_tokens = min(config.max_cudagraph_capture_size, plan.max_num_batched_tokens)
+                mixed = MixedBuckets(mixed_tokens, plan.max_num_seqs) if mixed_tokens > 1 else None
+                self.forward = CUDAGraphs(
+                    self.model, self.kv_caches, sizes, mixed, plan.max_blocks_per_seq, device,
+                    layout,
+                )  # fmt: skip
             elif plan.cpu_graphs:
                 self.forward = CPUDecodeGraphs(
                     self.model,
