@@ -83,6 +83,22 @@ class Sampler:
         chosen = [lp if n is not None else None for lp, n in zip(found, wanted, strict=True)]
         return SamplerOutput(ids, chosen, tokens)
 
+    @staticmethod
+    def takes_argmax(request: Request) -> bool:
+        """Whether the token this sampler gives ``request`` now, and after any tokens it
+        appends, is the argmax of its raw logits row: greedy, without logit bias, penalties,
+        a grammar or log-probabilities, its ``min_tokens`` reached."""
+        p = request.params
+        return (
+            p.greedy
+            and not p.logit_bias
+            and not (p.presence_penalty or p.frequency_penalty)
+            and p.repetition_penalty == 1
+            and p.logprobs is None
+            and request.grammar is None
+            and request.num_output_tokens >= p.min_tokens
+        )
+
     def adjust_logits(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         params = [r.params for r in requests]
         device, raw = logits.device, logits

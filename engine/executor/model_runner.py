@@ -35,6 +35,7 @@ from kvserve.engine.models.decoder import StepMetadata
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.spec_decode.decode_rows import as_decode_rows
 from kvserve.engine.spec_decode.draft_kv import draft_config
 from kvserve.engine.spec_decode.draft_model import DraftModel
 from kvserve.engine.startup import StartupPhases
@@ -213,6 +214,8 @@ class ModelRunner:
             query_lens.append(num_new)
             seq_lens.append(start + num_new)
         ends = np.cumsum(query_lens)
+        if self._verifies_as_decodes(out):
+            query_lens, seq_lens, tables = as_decode_rows(query_lens, seq_lens, tables)
         # a request's batch rows hold its positions from num_computed_tokens on, in order
         offset = {
             id(r): end - n - r.num_computed_tokens
@@ -233,7 +236,7 @@ class ModelRunner:
         lora_fills: list[tuple[int, LoRAAdapter]] = []
         if self.lora is not None:
             lora_rows, lora_fills = self._lora_rows(out)
-        query_start_loc = to_device(np.concatenate([[0], ends]), dev, torch.int32)
+        query_start_loc = to_device(np.concatenate([[0], np.cumsum(query_lens)]), dev, torch.int32)
         seq_lens_dev = to_device(seq_lens, dev, torch.int32)
         metas = [
             AttentionMetadata(
@@ -263,6 +266,22 @@ class ModelRunner:
             every_row=np.array_equal(rows, np.arange(len(ids))),
             lora_rows=lora_rows,
             lora_fills=lora_fills,
+        )
+
+    def _verifies_as_decodes(self, out: SchedulerOutput) -> bool:
+        """Whether the step's attention runs as one decode sequence a row
+        (``spec_decode.decode_rows``): on a CPU, a step of decoding requests only, some
+        verifying drafts, of a model of one KV group without linear-attention layers,
+        LoRA or a draft model."""
+        return (
+            self.plan.device.type == "cpu"
+            and bool(out.spec_token_ids)
+            and len(self.plan.kv_groups) == 1
+            and not self.linear_layers
+            and self.lora is None
+            and self.draft is None
+            and len(out.sampling_requests) == len(out.scheduled)
+            and all(n == 1 + out.num_drafts(r) for r, n in out.scheduled)
         )
 
     def _lora_rows(
