@@ -33,6 +33,7 @@ from kvserve.engine.output_processor import delta_output, take_text
 from kvserve.engine.prompt_logprobs import record_prompt_logprobs
 from kvserve.engine.sampler import Sampler
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.sampling_state import StepRows
 from kvserve.engine.spec_decode.speculator import Speculator
 from kvserve.engine.spec_decode.verifier import verify
 from kvserve.engine.startup import StartupPhases
@@ -85,6 +86,7 @@ class LLMEngine:
                 num_state_slots=self.plan.num_state_slots,
                 max_step_tokens=self.plan.max_num_batched_tokens,
             )
+        self.sampler = Sampler(self.eos_token_ids)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 self.plan.max_num_seqs,
@@ -94,12 +96,12 @@ class LLMEngine:
                 config.max_loras if config.enable_lora else 0,
             ),
             self.kv,
+            self.sampler.state.free,
         )
         self.loras: LoRARegistry | None = None
         if config.enable_lora:
             assert config.max_cpu_loras is not None  # EngineConfig defaults it
             self.loras = LoRARegistry(self.model_config, config.max_lora_rank, config.max_cpu_loras)
-        self.sampler = Sampler(self.eos_token_ids)
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
             draft = self.runner.draft if isinstance(self.runner, ModelRunner) else None
@@ -361,13 +363,15 @@ class LLMEngine:
         return failed
 
     def _sample(
-        self, logits: torch.Tensor, requests: list[Request]
+        self, logits: torch.Tensor, requests: list[Request], rows: StepRows | None = None
     ) -> tuple[dict[str, tuple[int, Logprob | None]], list[Request], torch.Tensor]:
         """Each request's token and logprob, sampled as one batch or, if that raises, row by
         row; the requests whose own row raised; and the tokens on the logits' device, one
-        per row (0 in a row that raised)."""
+        per row (0 in a row that raised). ``rows``: the requests' history slots, handed out
+        now if not given (async scheduling hands them out when the step is submitted)."""
+        rows = self.sampler.state.rows(requests) if rows is None else rows
         try:
-            out = self.sampler(logits, requests)
+            out = self.sampler(logits, requests, rows)
             rows = zip(out.token_ids, out.logprobs, strict=True)
             return (
                 {r.request_id: row for r, row in zip(requests, rows, strict=True)},
@@ -379,7 +383,7 @@ class LLMEngine:
         sampled, failed = {}, []
         for row, request in enumerate(requests):
             try:
-                out = self.sampler(logits[row : row + 1], [request])
+                out = self.sampler(logits[row : row + 1], [request], rows.row(row))
             except Exception:
                 log.exception("sampling request %s failed", request.request_id)
                 failed.append(request)

@@ -12,6 +12,7 @@ from kvserve.engine.device_copy import to_device
 from kvserve.engine.host_copy import to_host
 from kvserve.engine.kernels.row_argmax import row_argmax
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.sampling_state import SamplingState, StepRows
 from kvserve.engine.structured.bitmask import apply_grammar_masks
 
 
@@ -64,49 +65,58 @@ class Sampler:
     """First logit bias, penalties, the ``min_tokens`` ban of EOS and stop ids (not for
     constrained rows: their grammar decides where EOS may come) and the grammar masks of
     constrained rows change the logits (each a scatter, index_put or bitmask kernel over
-    the batch, run only when a row uses it). Then greedy rows take the argmax; the
-    others apply temperature, top-k, top-p and min-p as masks, and draw with the
-    exponential race (argmax of probs / Exp(1) noise). Seeded rows draw their noise from their own
-    generator, so a seed fixes the output whatever else is batched. Which
-    filters run is decided from the host-side parameters: no device sync.
+    the batch, run only when a row uses it). Penalties and ``min_tokens`` read each
+    request's history in ``state`` (``SamplingState``: kept on the device, each call adds
+    the tokens it sampled), never the request's tokens on the host. Then greedy rows take
+    the argmax; the others apply temperature, top-k, top-p and min-p as masks, and draw
+    with the exponential race (argmax of probs / Exp(1) noise). Seeded rows draw their
+    noise from their own generator, so a seed fixes the output whatever else is batched.
+    Which filters run is decided from the host-side parameters: no device sync.
     Log-probabilities come from the raw logits (see ``SamplingParams``)."""
 
     def __init__(self, eos_token_ids: Collection[int] = ()) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
+        self.state = SamplingState()
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
-        tokens = self._sample(self.adjust_logits(logits, requests), requests)
+    def __call__(
+        self, logits: torch.Tensor, requests: list[Request], rows: StepRows | None = None
+    ) -> SamplerOutput:
+        """One token per row of ``logits`` (``requests``' rows, in order; ``rows``: their
+        slots in ``state``, handed out now if not given)."""
+        rows = self.state.rows(requests) if rows is None else rows
+        tokens = self._sample(self.adjust_logits(logits, requests, rows), requests)
         wanted = [r.params.logprobs for r in requests]
         if all(n is None for n in wanted):
-            return SamplerOutput(to_host(tokens), [None] * len(requests), tokens)
-        ids, found = sampled_with_logprobs(logits, tokens, [n or 0 for n in wanted])
-        chosen = [lp if n is not None else None for lp, n in zip(found, wanted, strict=True)]
-        return SamplerOutput(ids, chosen, tokens)
+            out = SamplerOutput(to_host(tokens), [None] * len(requests), tokens)
+        else:
+            ids, found = sampled_with_logprobs(logits, tokens, [n or 0 for n in wanted])
+            chosen = [lp if n is not None else None for lp, n in zip(found, wanted, strict=True)]
+            out = SamplerOutput(ids, chosen, tokens)
+        rows.record(logits, tokens)  # last: a call that raised recorded nothing
+        return out
 
-    def adjust_logits(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def adjust_logits(
+        self, logits: torch.Tensor, requests: list[Request], rows: StepRows | None = None
+    ) -> torch.Tensor:
+        rows = self.state.rows(requests) if rows is None else rows
         params = [r.params for r in requests]
         device, raw = logits.device, logits
         if any(p.logit_bias for p in params):
-            rows, cols = _flat_index([list(p.logit_bias) for p in params], device)
+            index = _flat_index([list(p.logit_bias) for p in params], device)
             bias = [v for p in params for v in p.logit_bias.values()]
             values = to_device(bias, device, logits.dtype)
-            logits = logits.index_put((rows, cols), values, accumulate=True)
+            logits = logits.index_put(index, values, accumulate=True)
         if any(p.presence_penalty or p.frequency_penalty for p in params):
-            rows, cols = _flat_index([r.output_token_ids for r in requests], device)
-            counts = torch.zeros_like(logits).index_put_(
-                (rows, cols), torch.ones_like(cols, dtype=logits.dtype), accumulate=True
-            )
+            counts = rows.counts(logits).to(logits.dtype)
             frequency = to_device([p.frequency_penalty for p in params], device)
             presence = to_device([p.presence_penalty for p in params], device)
             logits = logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
         if any(p.repetition_penalty != 1 for p in params):
-            rows, cols = _flat_index([r.all_token_ids for r in requests], device)
-            seen = torch.zeros_like(logits, dtype=torch.bool).index_put_(
-                (rows, cols), torch.ones_like(cols, dtype=torch.bool)
-            )
             penalty = to_device([p.repetition_penalty for p in params], device)[:, None]
             penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-            logits = torch.where(seen, penalised, logits)
+            logits = torch.where(rows.seen(logits), penalised, logits)
+        # The host's output count lags the device's (tokens in flight), never leads it: a
+        # row it says is done is done; the others are banned where the device's count says.
         banned = [
             [*self.eos_token_ids, *r.params.stop_token_ids]
             if r.num_output_tokens < r.params.min_tokens and r.grammar is None
@@ -114,8 +124,10 @@ class Sampler:
             for r in requests
         ]
         if any(banned):
-            rows, cols = _flat_index(banned, device)
-            logits = logits.index_put((rows, cols), to_device(-torch.inf, device))
+            index = _flat_index(banned, device)
+            min_tokens = to_device([p.min_tokens for p in params], device, torch.int32)
+            unmet = (rows.num_outputs(logits) < min_tokens)[index[0]]
+            logits = logits.index_put(index, torch.where(unmet, -torch.inf, logits[index]))
         grammars = [r.grammar for r in requests]
         if any(grammars):
             # In place, unless the raw logits are still wanted for log-probabilities.
