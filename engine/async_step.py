@@ -135,7 +135,7 @@ class AsyncSteps:
         try:
             inputs = self.engine.runner.prepare(out)
             fills = self._fills(out, previous)
-            rows = self.engine.sampler.state.rows(out.sampling_requests)
+            rows = self.engine.sampling_state.rows(out.sampling_requests)
         except Exception as exc:  # failed when processed, like a forward that raised
             result: Future[SampledStep] = Future()
             result.set_exception(exc)

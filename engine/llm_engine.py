@@ -33,7 +33,7 @@ from kvserve.engine.output_processor import delta_output, take_text
 from kvserve.engine.prompt_logprobs import record_prompt_logprobs
 from kvserve.engine.sampler import Sampler
 from kvserve.engine.sampling_params import SamplingParams
-from kvserve.engine.sampling_state import StepRows
+from kvserve.engine.sampling_state import SamplingState, StepRows
 from kvserve.engine.spec_decode.speculator import Speculator
 from kvserve.engine.spec_decode.verifier import verify
 from kvserve.engine.startup import StartupPhases
@@ -86,7 +86,9 @@ class LLMEngine:
                 num_state_slots=self.plan.num_state_slots,
                 max_step_tokens=self.plan.max_num_batched_tokens,
             )
-        self.sampler = Sampler(self.eos_token_ids)
+        # The sampler's history on the device; its slots go back as requests stop running.
+        self.sampling_state = SamplingState()
+        self.sampler = Sampler(self.eos_token_ids, self.sampling_state)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 self.plan.max_num_seqs,
@@ -96,7 +98,7 @@ class LLMEngine:
                 config.max_loras if config.enable_lora else 0,
             ),
             self.kv,
-            self.sampler.state.free,
+            self.sampling_state.free,
         )
         self.loras: LoRARegistry | None = None
         if config.enable_lora:
@@ -369,9 +371,9 @@ class LLMEngine:
         row; the requests whose own row raised; and the tokens on the logits' device, one
         per row (0 in a row that raised). ``rows``: the requests' history slots, handed out
         now if not given (async scheduling hands them out when the step is submitted)."""
-        rows = self.sampler.state.rows(requests) if rows is None else rows
+        rows = self.sampling_state.rows(requests) if rows is None else rows
         try:
-            out = self.sampler(logits, requests, rows)
+            out = self.sampler(logits, requests, rows=rows)
             rows = zip(out.token_ids, out.logprobs, strict=True)
             return (
                 {r.request_id: row for r, row in zip(requests, rows, strict=True)},
@@ -383,7 +385,7 @@ class LLMEngine:
         sampled, failed = {}, []
         for row, request in enumerate(requests):
             try:
-                out = self.sampler(logits[row : row + 1], [request], rows.row(row))
+                out = self.sampler(logits[row : row + 1], [request], rows=rows.row(row))
             except Exception:
                 log.exception("sampling request %s failed", request.request_id)
                 failed.append(request)

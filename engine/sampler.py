@@ -74,9 +74,11 @@ class Sampler:
     Which filters run is decided from the host-side parameters: no device sync.
     Log-probabilities come from the raw logits (see ``SamplingParams``)."""
 
-    def __init__(self, eos_token_ids: Collection[int] = ()) -> None:
+    def __init__(
+        self, eos_token_ids: Collection[int] = (), state: SamplingState | None = None
+    ) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
-        self.state = SamplingState()
+        self.state = SamplingState() if state is None else state
 
     def __call__(
         self, logits: torch.Tensor, requests: list[Request], rows: StepRows | None = None

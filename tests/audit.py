@@ -41,7 +41,7 @@ def audit_blocks(engine: LLMEngine | Scheduler) -> None:
         assert None not in slots and len(set(slots)) == len(slots), slots
         assert sorted(kv.slots.free_slots + slots) == list(range(kv.slots.num_slots))
     if isinstance(engine, LLMEngine):
-        history = engine.sampler.state
+        history = engine.sampling_state
         holding = [r for r in scheduler.running if history.slot_of(r) is not None]
         assert history.num_held == len(holding)
         assert len({history.slot_of(r) for r in holding}) == len(holding)
@@ -54,7 +54,7 @@ def assert_all_released(engine: LLMEngine) -> None:
     assert all(b.ref_count == 0 for b in pool.blocks)
     slots = engine.kv.slots
     assert slots is None or slots.num_free == slots.num_slots
-    assert engine.sampler.state.num_held == 0
+    assert engine.sampling_state.num_held == 0
 
 
 def run_audited(engine: LLMEngine) -> dict[str, list[int]]:
