@@ -22,7 +22,7 @@ accepted the token of step N), step N is processed first and N+1 is submitted wi
 requests that finished in N (no wasted row). Penalties and ``min_tokens`` do not: they read
 each request's history on the device (``SamplingState``), which step N's sampling updated
 before N+1 samples; a request's history slot is handed out when the step is submitted.
-Prompt log-probabilities are recorded by the step thread.
+Prompt log-probabilities are recorded by the step thread, from the step's one copy.
 
 A forward that raises fails its requests (as without async scheduling, one failed step
 counted) and also those of the step queued behind it, whose placeholders can never be
@@ -44,7 +44,7 @@ from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.executor import ExecutorFailedError
 from kvserve.engine.executor.model_runner import StepInputs
-from kvserve.engine.prompt_logprobs import record_prompt_logprobs
+from kvserve.engine.prompt_logprobs import prompt_tables, record_prompt_logprobs
 from kvserve.engine.sampling_state import StepRows
 
 if TYPE_CHECKING:
@@ -187,8 +187,11 @@ class AsyncSteps:
             inputs.input_ids[fills.rows] = last[fills.sources]
         logits = engine.runner.run(inputs)
         sampling = out.sampling_requests
-        sampled, failed, tokens = engine._sample(logits[: len(sampling)], sampling, rows)
-        failed += record_prompt_logprobs(out.prompt_logprob_spans, logits[len(sampling) :])
+        prompt = prompt_tables(out.prompt_logprob_spans, logits[len(sampling) :])
+        sampled, failed, tokens, host = engine._sample(
+            logits[: len(sampling)], sampling, rows, prompt.tables
+        )
+        failed += record_prompt_logprobs(prompt, host)
         self._last_tokens = tokens
         return SampledStep(sampled, failed)
 

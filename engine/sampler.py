@@ -9,7 +9,7 @@ import torch
 from kvserve.engine.core.outputs import Logprob
 from kvserve.engine.core.request import Request
 from kvserve.engine.device_copy import to_device
-from kvserve.engine.host_copy import to_host
+from kvserve.engine.host_copy import to_host_packed
 from kvserve.engine.kernels.row_argmax import row_argmax
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.sampling_state import SamplingState, StepRows
@@ -21,6 +21,7 @@ class SamplerOutput:
     token_ids: list[int]  # one per row
     logprobs: list[Logprob | None]  # one per row; None where the request did not ask
     tokens: torch.Tensor  # token_ids on the logits' device (async scheduling feeds them on)
+    also: list[list[list[float]]]  # the rows of the call's ``also`` tables, on the host
 
 
 def _flat_index(rows: Sequence[Sequence[int]], device: torch.device):
@@ -30,35 +31,24 @@ def _flat_index(rows: Sequence[Sequence[int]], device: torch.device):
     return to_device(row_ids, device), to_device(cols, device, torch.long)
 
 
-def logprobs_of(
-    logits: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int]
-) -> list[Logprob]:
-    """Log-softmax of ``logits`` rows at ``token_ids``, with ``num_top[row]`` alternatives."""
-    return sampled_with_logprobs(logits, token_ids, num_top)[1]
-
-
-def sampled_with_logprobs(
-    logits: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int]
-) -> tuple[list[int], list[Logprob]]:
-    """``token_ids`` on the host and their ``Logprob`` (``logprobs_of``), in one device → host
-    copy: ids, chosen values and the top ``k`` values and ids packed as float64 columns
-    (exact for float32 values and for ids below 2**53)."""
+def logprob_table(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """On the device, a row per row of ``logits``: ``token_ids``, the log-softmax at it and
+    the top ``k`` log-softmax values and their ids (float64 columns; ``read_logprobs``)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     chosen = logprobs.gather(1, token_ids[:, None])
-    k = max(num_top, default=0)
     top_values, top_ids = logprobs.topk(k, dim=-1) if k else (chosen[:, :0], chosen[:, :0])
     columns = [token_ids[:, None], chosen, top_values, top_ids]
-    table = to_host(torch.cat([c.double() for c in columns], dim=1))
-    tokens = [int(row[0]) for row in table]
-    found = [
-        Logprob(
-            token,
-            row[1],
-            tuple(zip((int(i) for i in row[2 + k : 2 + k + n]), row[2 : 2 + n], strict=True)),
-        )
-        for token, row, n in zip(tokens, table, num_top, strict=True)
-    ]
-    return tokens, found
+    return torch.cat([c.double() for c in columns], dim=1)
+
+
+def read_logprobs(table: list[list[float]], num_top: Sequence[int]) -> list[Logprob]:
+    """A ``logprob_table`` on the host as ``Logprob``s, ``num_top[row]`` alternatives each."""
+    found = []
+    for row, n in zip(table, num_top, strict=True):
+        k = (len(row) - 2) // 2
+        top = zip((int(i) for i in row[2 + k : 2 + k + n]), row[2 : 2 + n], strict=True)
+        found.append(Logprob(int(row[0]), row[1], tuple(top)))
+    return found
 
 
 class Sampler:
@@ -81,21 +71,30 @@ class Sampler:
         self.state = SamplingState() if state is None else state
 
     def __call__(
-        self, logits: torch.Tensor, requests: list[Request], rows: StepRows | None = None
+        self,
+        logits: torch.Tensor,
+        requests: list[Request],
+        rows: StepRows | None = None,
+        also: Sequence[torch.Tensor] = (),
     ) -> SamplerOutput:
         """One token per row of ``logits`` (``requests``' rows, in order; ``rows``: their
-        slots in ``state``, handed out now if not given)."""
+        slots in ``state``, handed out now if not given), with the log-probabilities asked
+        for, in one device → host copy that carries the 2-D tables of ``also`` too (the
+        step's prompt log-probabilities)."""
         rows = self.state.rows(requests) if rows is None else rows
         tokens = self._sample(self.adjust_logits(logits, requests, rows), requests)
         wanted = [r.params.logprobs for r in requests]
-        if all(n is None for n in wanted):
-            out = SamplerOutput(to_host(tokens), [None] * len(requests), tokens)
-        else:
-            ids, found = sampled_with_logprobs(logits, tokens, [n or 0 for n in wanted])
-            chosen = [lp if n is not None else None for lp, n in zip(found, wanted, strict=True)]
-            out = SamplerOutput(ids, chosen, tokens)
+        num_top = [n or 0 for n in wanted]
+        asked = any(n is not None for n in wanted)
+        table = logprob_table(logits, tokens, max(num_top)) if asked else tokens[:, None]
+        host = to_host_packed([table, *also])
+        token_ids = [int(row[0]) for row in host[0]]
+        found: list[Logprob | None] = [None] * len(requests)
+        if asked:
+            read = read_logprobs(host[0], num_top)
+            found = [lp if n is not None else None for lp, n in zip(read, wanted, strict=True)]
         rows.record(logits, tokens)  # last: a call that raised recorded nothing
-        return out
+        return SamplerOutput(token_ids, found, tokens, host[1:])
 
     def adjust_logits(
         self, logits: torch.Tensor, requests: list[Request], rows: StepRows | None = None

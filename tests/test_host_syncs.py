@@ -1,6 +1,6 @@
-"""One device → host copy per step: the sampled tokens with their log-probabilities, packed,
-whatever the batch mixes (greedy, seeded top-k/top-p/min-p, penalties, logit bias,
-``min_tokens``, a grammar), with async scheduling off and on. Every copy the engine makes
+"""One device → host copy per step: the sampled tokens with their log-probabilities and the
+prompt log-probabilities, packed, whatever the batch mixes (greedy, seeded top-k/top-p/min-p,
+penalties, logit bias, ``min_tokens``, a grammar), with async scheduling off and on. Every copy the engine makes
 goes through ``host_copy.to_host``, which counts them."""
 
 import itertools
@@ -16,7 +16,9 @@ from kvserve.engine.structured.spec import OutputConstraint
 
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
 BATCH = {
-    "greedy": SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2),
+    "greedy": SamplingParams(
+        temperature=0, max_tokens=10, ignore_eos=True, logprobs=2, prompt_logprobs=3
+    ),
     "sampled": SamplingParams(
         temperature=0.9,
         top_k=20,
