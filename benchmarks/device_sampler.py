@@ -10,7 +10,13 @@ engine (llama-134m in bf16, vocabulary 32000, synchronous steps) with ``batch`` 
 median of ``--steps`` decode steps (``LLMEngine.step``) and of the sampler's share of them.
 "with penalties": every request sets presence 0.5, frequency 0.5, repetition 1.1 and
 ``min_tokens`` to its whole output. The checkouts take turns (order swapped every round), so
-the rounds' spread shows the machine's noise; the ratios are medians over rounds. Not a test.
+the rounds' spread shows the machine's noise; the ratios are medians over rounds.
+
+Then, in this process, the part that changed alone: the penalties and ``min_tokens`` ban of a
+batch of penalised requests (32 outputs each) on float32 logits [batch, 32000], from the
+host's token lists (``tests/penalty_reference.py``, the baseline's formula) and from the device
+history (``Sampler.adjust_logits`` and ``StepRows.record``), taking turns call by call.
+Not a test.
 """
 
 import argparse
@@ -28,6 +34,7 @@ from checkpoint import build_checkpoint
 from machine import describe
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
 PENALTIES = dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1)
 
 
@@ -64,6 +71,38 @@ def worker(model: str, batch: int, penalised: bool, steps: int) -> dict[str, flo
         step_ms.append((time.perf_counter() - start) * 1e3)
         sample_ms.append(sampling[0] * 1e3)
     return {"step_ms": statistics.median(step_ms), "sample_ms": statistics.median(sample_ms)}
+
+
+def adjustments(batch: int, calls: int) -> tuple[float, float]:
+    """Median ms of the host-list adjustment and of the device history's (with its record)."""
+    from penalty_reference import host_list_logits
+
+    from kvserve import SamplingParams
+    from kvserve.engine.core.request import Request
+    from kvserve.engine.sampler import Sampler
+
+    generator = torch.Generator().manual_seed(batch)
+    params = SamplingParams(temperature=0, max_tokens=64, min_tokens=64, **PENALTIES)
+    requests = []
+    for i in range(batch):
+        ids = torch.randint(2, 32000, (64,), generator=generator).tolist()
+        requests.append(Request(str(i), ids[:32], params))
+        requests[-1].all_token_ids.extend(ids[32:])
+    logits = torch.randn(batch, 32000, generator=generator)
+    tokens = logits.argmax(dim=-1)
+    sampler = Sampler((0,))
+    rows = sampler.state.rows(requests)
+    host, device = [], []
+    for _ in range(calls):
+        start = time.perf_counter()
+        host_list_logits(logits, requests, (0,))
+        middle = time.perf_counter()
+        sampler.adjust_logits(logits, requests, rows)
+        rows.record(logits, tokens)
+        end = time.perf_counter()
+        host.append((middle - start) * 1e3)
+        device.append((end - middle) * 1e3)
+    return statistics.median(host), statistics.median(device)
 
 
 def main() -> None:
@@ -107,6 +146,12 @@ def main() -> None:
                             f"| {cell['step_ms']:.1f} | {cell['sample_ms']:.2f} |"
                         )
                         print(rows[-1], file=sys.stderr, flush=True)
+    alone = []
+    for batch in args.batches:
+        host_ms, device_ms = adjustments(batch, 40)
+        alone.append(
+            f"| {batch} | {host_ms:.2f} | {device_ms:.2f} | **{device_ms / host_ms:.2f}x** |"
+        )
     summary = []
     for batch in args.batches:
         for penalised in (False, True):
@@ -137,6 +182,13 @@ def main() -> None:
         "| baseline sampler ms | device history sampler ms | ratio |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         *summary,
+        "",
+        "The penalties and `min_tokens` ban alone, in one process, taking turns call by call "
+        "(median ms of 40 calls):",
+        "",
+        "| batch | host lists (baseline formula) | device history | ratio |",
+        "| ---: | ---: | ---: | ---: |",
+        *alone,
         "",
         "Every cell:",
         "",

@@ -111,7 +111,8 @@ class Sampler:
             counts = rows.counts(logits).to(logits.dtype)
             frequency = to_device([p.frequency_penalty for p in params], device)
             presence = to_device([p.presence_penalty for p in params], device)
-            logits = logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+            present = rows.present(logits)
+            logits = logits - frequency[:, None] * counts - presence[:, None] * present
         if any(p.repetition_penalty != 1 for p in params):
             penalty = to_device([p.repetition_penalty for p in params], device)[:, None]
             penalised = torch.where(logits > 0, logits / penalty, logits * penalty)

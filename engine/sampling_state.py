@@ -35,7 +35,8 @@ class SlotInit:
 
 
 class SamplingState:
-    """Per-slot rows on the device: ``counts[slot, token]`` (int32), how often the slot's
+    """Per-slot rows on the device: ``counts[slot, token]`` (float32, exact below 2**24, the
+    logits' dtype so that penalties read it as it is), how often the slot's
     request output ``token``; ``prompt_seen[slot, token]`` (bool), whether its prompt holds
     it; ``num_outputs[slot]`` (int32), its output count. Slot ``NULL_SLOT`` stays zero for
     the requests that keep no history (``keeps_history``).
@@ -108,7 +109,7 @@ class SamplingState:
         size = max(8, have)
         while size < num_slots:
             size *= 2
-        counts = torch.zeros(size, vocab, dtype=torch.int32, device=device)
+        counts = torch.zeros(size, vocab, dtype=torch.float32, device=device)
         seen = torch.zeros(size, vocab, dtype=torch.bool, device=device)
         outputs = torch.zeros(size, dtype=torch.int32, device=device)
         if self.counts is not None:
@@ -130,6 +131,7 @@ class StepRows:
         self.inits = inits
         self._index: torch.Tensor | None = None
         self._counts: torch.Tensor | None = None
+        self._present: torch.Tensor | None = None
 
     def row(self, i: int) -> "StepRows":
         """Row ``i`` alone (a batch sampled again row by row)."""
@@ -137,19 +139,27 @@ class StepRows:
         return StepRows(self.state, [slot], [init for init in self.inits if init.slot == slot])
 
     def counts(self, logits: torch.Tensor) -> torch.Tensor:
-        """Each row's output-token counts, int32 ``[rows, vocab]``."""
+        """Each row's output-token counts, float32 ``[rows, vocab]``."""
         if self._counts is None:
-            self._counts = self._tensors(logits)[0][self._slot_index(logits.device)]
+            self._counts = self._gather(logits, 0)
         return self._counts
+
+    def present(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each row's tokens in its output, bool ``[rows, vocab]``."""
+        if self._present is None:
+            self._present = self.counts(logits) > 0
+        return self._present
 
     def seen(self, logits: torch.Tensor) -> torch.Tensor:
         """Each row's tokens in its prompt (as its slot's init gave them) or output, bool."""
-        prompt = self._tensors(logits)[1][self._slot_index(logits.device)]
-        return prompt | (self.counts(logits) > 0)
+        return self._gather(logits, 1) | self.present(logits)
 
     def num_outputs(self, logits: torch.Tensor) -> torch.Tensor:
         """Each row's output count, int32 ``[rows]``."""
-        return self._tensors(logits)[2][self._slot_index(logits.device)]
+        return self._gather(logits, 2)
+
+    def _gather(self, logits: torch.Tensor, which: int) -> torch.Tensor:
+        return self._tensors(logits)[which].index_select(0, self._slot_index(logits.device))
 
     def record(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
         """Count ``tokens`` (one per row of ``logits``, on the device) in the rows that keep
@@ -162,7 +172,7 @@ class StepRows:
         slots = to_device([self.slots[i] for i in kept], device, torch.long)
         ones = torch.ones(len(kept), dtype=torch.int32, device=device)
         taken = tokens[to_device(kept, device, torch.long)]
-        counts.index_put_((slots, taken), ones, accumulate=True)
+        counts.index_put_((slots, taken), ones.to(counts.dtype), accumulate=True)
         outputs.index_put_((slots,), ones, accumulate=True)
 
     def _slot_index(self, device: torch.device) -> torch.Tensor:
@@ -203,4 +213,4 @@ class StepRows:
                 index = (to_device(rows, device, torch.long), to_device(cols, device, torch.long))
                 values = torch.full((len(rows),), value, dtype=tensor.dtype, device=device)
                 tensor.index_put_(index, values, accumulate=tensor.dtype != torch.bool)
-        self._counts = None
+        self._counts = self._present = None

@@ -1,7 +1,7 @@
 """One device → host copy per step: the sampled tokens with their log-probabilities and the
 prompt log-probabilities, packed, whatever the batch mixes (greedy, seeded top-k/top-p/min-p,
-penalties, logit bias, ``min_tokens``, a grammar), with async scheduling off and on. Every copy the engine makes
-goes through ``host_copy.to_host``, which counts them."""
+penalties, logit bias, ``min_tokens``, a grammar), with async scheduling off and on. Every
+copy the engine makes goes through ``host_copy.to_host``, which counts them."""
 
 import itertools
 import json
