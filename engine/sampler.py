@@ -9,7 +9,7 @@ import torch
 from kvserve.engine.core.outputs import Logprob
 from kvserve.engine.core.request import Request
 from kvserve.engine.device_copy import to_device
-from kvserve.engine.host_copy import to_host_packed
+from kvserve.engine.host_copy import to_host, to_host_packed
 from kvserve.engine.kernels.row_argmax import row_argmax
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.sampling_state import SamplingState, StepRows
@@ -86,15 +86,19 @@ class Sampler:
         wanted = [r.params.logprobs for r in requests]
         num_top = [n or 0 for n in wanted]
         asked = any(n is not None for n in wanted)
-        table = logprob_table(logits, tokens, max(num_top)) if asked else tokens[:, None]
-        host = to_host_packed([table, *also])
-        token_ids = [int(row[0]) for row in host[0]]
         found: list[Logprob | None] = [None] * len(requests)
-        if asked:
-            read = read_logprobs(host[0], num_top)
-            found = [lp if n is not None else None for lp, n in zip(read, wanted, strict=True)]
+        if not asked and not also:
+            token_ids, host = to_host(tokens), []
+        else:
+            table = logprob_table(logits, tokens, max(num_top)) if asked else tokens[:, None]
+            host = to_host_packed([table, *also])
+            token_ids = [int(row[0]) for row in host[0]]
+            if asked:
+                read = read_logprobs(host[0], num_top)
+                found = [lp if n is not None else None for lp, n in zip(read, wanted, strict=True)]
+            host = host[1:]
         rows.record(logits, tokens)  # last: a call that raised recorded nothing
-        return SamplerOutput(token_ids, found, tokens, host[1:])
+        return SamplerOutput(token_ids, found, tokens, host)
 
     def adjust_logits(
         self, logits: torch.Tensor, requests: list[Request], rows: StepRows | None = None
