@@ -44,7 +44,6 @@ from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.executor import ExecutorFailedError
 from kvserve.engine.executor.model_runner import StepInputs
-from kvserve.engine.prompt_logprobs import prompt_tables, record_prompt_logprobs
 from kvserve.engine.sampling_state import StepRows
 
 if TYPE_CHECKING:
@@ -186,12 +185,7 @@ class AsyncSteps:
                 raise PreviousStepFailedError("the step before failed: its tokens never came")
             inputs.input_ids[fills.rows] = last[fills.sources]
         logits = engine.runner.run(inputs)
-        sampling = out.sampling_requests
-        prompt = prompt_tables(out.prompt_logprob_spans, logits[len(sampling) :])
-        sampled, failed, tokens, host = engine._sample(
-            logits[: len(sampling)], sampling, rows, prompt.tables
-        )
-        failed += record_prompt_logprobs(prompt, host)
+        sampled, failed, tokens = engine._sample_step(logits, out, rows)
         self._last_tokens = tokens
         return SampledStep(sampled, failed)
 

@@ -298,11 +298,7 @@ class LLMEngine:
         if out.spec_token_ids:
             failed = self._verify(out, logits)
         else:
-            prompt = prompt_tables(out.prompt_logprob_spans, logits[len(sampling) :])
-            sampled, failed, _, host = self._sample(
-                logits[: len(sampling)], sampling, also=prompt.tables
-            )
-            failed += record_prompt_logprobs(prompt, host)
+            sampled, failed, _ = self._sample_step(logits, out)
             for request in failed:
                 self._fail(request)
             kept = out.without_finished()
@@ -370,6 +366,18 @@ class LLMEngine:
                 self.requests.pop(request.request_id, None)
                 failed.append(self._output(request))
         return failed
+
+    def _sample_step(
+        self, logits: torch.Tensor, out: SchedulerOutput, rows: StepRows | None = None
+    ) -> tuple[dict[str, tuple[int, Logprob | None]], list[Request], torch.Tensor]:
+        """A step without drafts: its sampling requests' tokens (``_sample``) and its prompt
+        logprobs recorded, from one copy to the host; the requests that failed either."""
+        sampling = out.sampling_requests
+        prompt = prompt_tables(out.prompt_logprob_spans, logits[len(sampling) :])
+        sampled, failed, tokens, host = self._sample(
+            logits[: len(sampling)], sampling, rows, prompt.tables
+        )
+        return sampled, failed + record_prompt_logprobs(prompt, host), tokens
 
     def _sample(
         self,
