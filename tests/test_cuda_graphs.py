@@ -174,11 +174,24 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA synchronisations")
 def test_a_decode_step_syncs_once(decoding_engine):
     """Only reading the sampled ids waits for the device: inputs go up through pinned
-    memory and the sampler's parameters too."""
+    memory and the sampler's parameters too; penalties and ``min_tokens`` read and update
+    the history on the device."""
     import warnings
 
     decoding_engine.add_request(
         "sampled", [21, 22, 23], SamplingParams(temperature=0.7, top_p=0.9, top_k=5, min_p=0.1)
+    )
+    decoding_engine.add_request(
+        "penalised",
+        [24, 25, 26],
+        SamplingParams(
+            temperature=0,
+            presence_penalty=0.5,
+            frequency_penalty=0.3,
+            repetition_penalty=1.2,
+            min_tokens=8,
+            max_tokens=16,
+        ),
     )
     decoding_engine.step()
     with warnings.catch_warnings(record=True) as caught:
