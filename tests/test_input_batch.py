@@ -12,7 +12,7 @@ from kvserve.engine.executor.input_batch import InputBatch
 
 from factories import finish_step, make_request, make_scheduler
 
-CPU = torch.device("cpu")
+DEVICES = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
 
 
 def gathered(batch: InputBatch, requests) -> list[list[list[int]]]:
@@ -49,9 +49,10 @@ def step(scheduler, batch: InputBatch):
     return out
 
 
-def test_rows_follow_appends_preemption_resumption_and_finish():
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+def test_rows_follow_appends_preemption_resumption_and_finish(device):
     s = make_scheduler(num_blocks=6, block_size=4, max_num_seqs=2)
-    batch = InputBatch(1, 2, 16, 4, CPU)
+    batch = InputBatch(1, 2, 16, 4, device)
     a, b = make_request(7, max_tokens=20), make_request(5, max_tokens=20)
     s.add(a)
     s.add(b)
@@ -73,9 +74,10 @@ def test_rows_follow_appends_preemption_resumption_and_finish():
     assert batch.rows([b, c]).tolist() == [1, 0]
 
 
-def test_a_step_of_other_requests_takes_the_rows_of_those_not_scheduled():
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+def test_a_step_of_other_requests_takes_the_rows_of_those_not_scheduled(device):
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
-    batch = InputBatch(1, 2, 8, 4, CPU)
+    batch = InputBatch(1, 2, 8, 4, device)
     a, b, c = make_request(5), make_request(5), make_request(9)
     for r in (a, b, c):
         assert kv.allocate_slots(r, r.num_tokens)
@@ -86,18 +88,20 @@ def test_a_step_of_other_requests_takes_the_rows_of_those_not_scheduled():
         batch.rows([a, b, c])
 
 
-def test_a_table_past_max_blocks_per_seq_is_refused_by_name():
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+def test_a_table_past_max_blocks_per_seq_is_refused_by_name(device):
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
-    batch = InputBatch(1, 2, 2, 4, CPU)
+    batch = InputBatch(1, 2, 2, 4, device)
     a = make_request(9)
     assert kv.allocate_slots(a, 9)
     with pytest.raises(ValueError, match=r"holds 3 blocks, more than max_blocks_per_seq \(2\)"):
         batch.rows([a])
 
 
-def test_blocks_of_rejected_drafts_dropped_and_taken_again_are_copied_anew():
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+def test_blocks_of_rejected_drafts_dropped_and_taken_again_are_copied_anew(device):
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
-    batch = InputBatch(1, 2, 8, 4, CPU)
+    batch = InputBatch(1, 2, 8, 4, device)
     a = make_request(7)
     assert kv.allocate_slots(a, 7)
     a.num_computed_tokens = 7
@@ -111,9 +115,10 @@ def test_blocks_of_rejected_drafts_dropped_and_taken_again_are_copied_anew():
     assert gathered(batch, [a]) == [[[0, 1, 3]]]
 
 
-def test_a_sliding_window_group_row_takes_the_null_block_where_blocks_left_it():
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+def test_a_sliding_window_group_row_takes_the_null_block_where_blocks_left_it(device):
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=False, groups=HYBRID)
-    batch = InputBatch(2, 2, 8, 4, CPU)
+    batch = InputBatch(2, 2, 8, 4, device)
     a = make_request(9)
     assert kv.allocate_slots(a, 9)
     a.num_computed_tokens = 9
