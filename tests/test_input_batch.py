@@ -12,7 +12,17 @@ from kvserve.engine.executor.input_batch import InputBatch
 
 from factories import finish_step, make_request, make_scheduler
 
-DEVICES = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+WHERE = ["cpu", "cpu, device copy"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def new_batch(where: str, num_groups: int, max_num_seqs: int, max_blocks: int) -> InputBatch:
+    """An ``InputBatch`` of block size 4: the CPU's (tables gathered from the host), the
+    CPU's with a device copy kept as on another device (that path, run here), or CUDA's."""
+    device = torch.device("cuda" if where == "cuda" else "cpu")
+    batch = InputBatch(num_groups, max_num_seqs, max_blocks, 4, device)
+    if where == "cpu, device copy":
+        batch.on_device = torch.zeros(batch.host.shape, dtype=torch.int32)
+    return batch
 
 
 def gathered(batch: InputBatch, requests) -> list[list[list[int]]]:
@@ -49,10 +59,10 @@ def step(scheduler, batch: InputBatch):
     return out
 
 
-@pytest.mark.parametrize("device", DEVICES, ids=str)
-def test_rows_follow_appends_preemption_resumption_and_finish(device):
+@pytest.mark.parametrize("where", WHERE)
+def test_rows_follow_appends_preemption_resumption_and_finish(where):
     s = make_scheduler(num_blocks=6, block_size=4, max_num_seqs=2)
-    batch = InputBatch(1, 2, 16, 4, device)
+    batch = new_batch(where, 1, 2, 16)
     a, b = make_request(7, max_tokens=20), make_request(5, max_tokens=20)
     s.add(a)
     s.add(b)
@@ -74,10 +84,10 @@ def test_rows_follow_appends_preemption_resumption_and_finish(device):
     assert batch.rows([b, c]).tolist() == [1, 0]
 
 
-@pytest.mark.parametrize("device", DEVICES, ids=str)
-def test_a_step_of_other_requests_takes_the_rows_of_those_not_scheduled(device):
+@pytest.mark.parametrize("where", WHERE)
+def test_a_step_of_other_requests_takes_the_rows_of_those_not_scheduled(where):
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
-    batch = InputBatch(1, 2, 8, 4, device)
+    batch = new_batch(where, 1, 2, 8)
     a, b, c = make_request(5), make_request(5), make_request(9)
     for r in (a, b, c):
         assert kv.allocate_slots(r, r.num_tokens)
@@ -88,20 +98,20 @@ def test_a_step_of_other_requests_takes_the_rows_of_those_not_scheduled(device):
         batch.rows([a, b, c])
 
 
-@pytest.mark.parametrize("device", DEVICES, ids=str)
-def test_a_table_past_max_blocks_per_seq_is_refused_by_name(device):
+@pytest.mark.parametrize("where", WHERE)
+def test_a_table_past_max_blocks_per_seq_is_refused_by_name(where):
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
-    batch = InputBatch(1, 2, 2, 4, device)
+    batch = new_batch(where, 1, 2, 2)
     a = make_request(9)
     assert kv.allocate_slots(a, 9)
     with pytest.raises(ValueError, match=r"holds 3 blocks, more than max_blocks_per_seq \(2\)"):
         batch.rows([a])
 
 
-@pytest.mark.parametrize("device", DEVICES, ids=str)
-def test_blocks_of_rejected_drafts_dropped_and_taken_again_are_copied_anew(device):
+@pytest.mark.parametrize("where", WHERE)
+def test_blocks_of_rejected_drafts_dropped_and_taken_again_are_copied_anew(where):
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
-    batch = InputBatch(1, 2, 8, 4, device)
+    batch = new_batch(where, 1, 2, 8)
     a = make_request(7)
     assert kv.allocate_slots(a, 7)
     a.num_computed_tokens = 7
@@ -115,10 +125,10 @@ def test_blocks_of_rejected_drafts_dropped_and_taken_again_are_copied_anew(devic
     assert gathered(batch, [a]) == [[[0, 1, 3]]]
 
 
-@pytest.mark.parametrize("device", DEVICES, ids=str)
-def test_a_sliding_window_group_row_takes_the_null_block_where_blocks_left_it(device):
+@pytest.mark.parametrize("where", WHERE)
+def test_a_sliding_window_group_row_takes_the_null_block_where_blocks_left_it(where):
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=False, groups=HYBRID)
-    batch = InputBatch(2, 2, 8, 4, device)
+    batch = new_batch(where, 2, 2, 8)
     a = make_request(9)
     assert kv.allocate_slots(a, 9)
     a.num_computed_tokens = 9

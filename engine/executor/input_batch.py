@@ -26,8 +26,8 @@ class _Held:
 class InputBatch:
     """Rows of block tables, ``max_num_seqs`` of them: a request holds a row from the first
     step that schedules it, with its table of every KV group in ``host[group, row]`` (numpy)
-    and the same in ``on_device[group, row]`` (on ``device``; a tensor of its own on the CPU
-    too, so that every device takes one path).
+    and, on a device other than the CPU, the same in ``on_device[group, row]`` (on the CPU,
+    None: a step's tables are gathered from ``host``, faster there than through torch).
 
     ``rows`` brings a scheduled request's row up to date from ``Request.block_tables``, which
     keeps this invariant: a table list is only appended to or has leading entries set to the
@@ -35,7 +35,7 @@ class InputBatch:
     list. So a row copies what was appended since the last step (in decode, one entry every
     ``block_size`` tokens), a sliding window's new null entries, or a whole table the request
     did not have before (a new or resumed request, rejected drafts' blocks dropped). The rows
-    changed on the host go to the device in one copy, before the next gather.
+    changed on the host go to ``on_device`` in one copy, before the next gather there.
 
     A row is given back when a request needs one and none is free: first those whose request
     no longer holds the tables they copied (finished, preempted), then those of requests the
@@ -61,7 +61,9 @@ class InputBatch:
         self.device = device
         shape = (num_groups, max_num_seqs, max_blocks_per_seq)
         self.host = np.zeros(shape, dtype=np.int32)
-        self.on_device = torch.zeros(shape, dtype=torch.int32, device=device)
+        self.on_device: torch.Tensor | None = None
+        if device.type != "cpu":
+            self.on_device = torch.zeros(shape, dtype=torch.int32, device=device)
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)
         """Each row's table length (the first group's; every group's table is as long)."""
         self._held: list[_Held | None] = [None] * max_num_seqs
@@ -93,12 +95,15 @@ class InputBatch:
     def block_tables(self, rows: np.ndarray, width: int) -> list[torch.Tensor]:
         """Each group's block tables of ``rows`` (``[len(rows), width]`` int32, on the
         device)."""
+        if self.on_device is None:
+            return [torch.from_numpy(tables) for tables in self.host[:, rows, :width]]
         if self._changed:
             changed = np.array(sorted(self._changed), dtype=np.int64)
             self._changed.clear()
-            index = to_device(changed, self.device)
-            self.on_device[:, index] = to_device(self.host[:, changed], self.device)
-        return list(self.on_device[:, to_device(rows, self.device), :width])
+            values = to_device(self.host[:, changed], self.device)
+            self.on_device.index_copy_(1, to_device(changed, self.device), values)
+        gathered = self.on_device[:, :, :width].index_select(1, to_device(rows, self.device))
+        return list(gathered)
 
     def slot_mappings(self, token_rows: np.ndarray, positions: np.ndarray) -> list[np.ndarray]:
         """Each group's slot (``block_id * block_size + offset``, int64) of each token at
@@ -138,7 +143,8 @@ class InputBatch:
         held.tables[group], held.lengths[group], held.skipped[group] = table, len(table), skipped
         if group == 0:
             self.num_blocks[row] = len(table)
-        self._changed.add(row)
+        if self.on_device is not None:
+            self._changed.add(row)
 
     def _give_back(self, step: Sequence[Request]) -> None:
         """Free the rows of requests not in ``step`` that no longer hold the tables they
