@@ -66,7 +66,8 @@ class ModelRunner:
 
     The batch is flat and unpadded: the scheduled tokens of every request,
     concatenated in scheduling order. Only the last row of each request that
-    completes its tokens this step goes through the LM head.
+    completes its tokens this step goes through the LM head. The running requests' block
+    tables stay in ``input_batch`` from step to step (rank 0's; ``prepare`` gathers them).
     """
 
     def __init__(
@@ -201,7 +202,8 @@ class ModelRunner:
         rows = self.input_batch.rows(requests)
         lens = np.array(query_lens, dtype=np.int64)
         starts = np.array([r.num_computed_tokens for r in requests], dtype=np.int64)
-        ends = np.cumsum(lens)
+        query_start_loc_host = np.zeros(len(lens) + 1, dtype=np.int64)
+        ends = np.cumsum(lens, out=query_start_loc_host[1:])
         # a request's batch rows hold its positions from num_computed_tokens on, in order
         positions = _ranges(starts, lens, len(ids))
         seq_lens_array = starts + lens
@@ -209,13 +211,13 @@ class ModelRunner:
         token_rows = rows if len(ids) == len(rows) else np.repeat(rows, lens)
         slots = self.input_batch.slot_mappings(token_rows, positions)
         tables = self.input_batch.block_tables(rows, int(self.input_batch.num_blocks[rows].max()))
-        logits_rows = _logits_rows(out, ends)
+        logits_rows, every_row = _logits_rows(out, ends)
         dev = self.plan.device
         lora_rows: np.ndarray | None = None
         lora_fills: list[tuple[int, LoRAAdapter]] = []
         if self.lora is not None:
             lora_rows, lora_fills = self._lora_rows(out, lens)
-        query_start_loc = to_device(np.concatenate([[0], ends]), dev, torch.int32)
+        query_start_loc = to_device(query_start_loc_host, dev, torch.int32)
         seq_lens_dev = to_device(seq_lens_array, dev, torch.int32)
         metas = [
             AttentionMetadata(
@@ -242,7 +244,7 @@ class ModelRunner:
             positions=to_device(positions, dev),
             meta=meta,
             logits_indices=to_device(logits_rows, dev),
-            every_row=np.array_equal(logits_rows, np.arange(len(ids))),
+            every_row=every_row,
             lora_rows=lora_rows,
             lora_fills=lora_fills,
         )
@@ -381,26 +383,26 @@ def _ranges(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
     return np.repeat(starts - firsts, counts) + np.arange(total)
 
 
-def _logits_rows(out: SchedulerOutput, ends: np.ndarray) -> np.ndarray:
+def _logits_rows(out: SchedulerOutput, ends: np.ndarray) -> tuple[np.ndarray, bool]:
     """The batch rows whose logits the step returns: each sampling request's last token's
     and, after it, each of its drafts' (its rows' last ones), in batch order; then the rows
-    of ``out.prompt_logprob_spans``. ``ends``: each scheduled request's rows' end."""
+    of ``out.prompt_logprob_spans``. And whether they are every row, in order. ``ends``:
+    each scheduled request's rows' end."""
     scheduled = out.scheduled
-    last, counts = ends - 1, np.ones(len(scheduled), dtype=np.int64)
-    if out.spec_token_ids:
+    rows = ends - 1  # when every request samples without drafts: each one's last row
+    if out.spec_token_ids or len(out.sampling_requests) < len(scheduled):
         drafts = np.array([out.num_drafts(r) for r, _ in scheduled], dtype=np.int64)
-        last, counts = last - drafts, counts + drafts
-    if len(out.sampling_requests) < len(scheduled):
         sampling = {id(r) for r in out.sampling_requests}
         mask = np.array([id(r) in sampling for r, _ in scheduled], dtype=bool)
-        last, counts = last[mask], counts[mask]
-    rows = _ranges(last, counts, out.num_sampling_rows)
+        rows = _ranges((rows - drafts)[mask], (drafts + 1)[mask], out.num_sampling_rows)
+    num_rows = int(ends[-1])
     if not out.prompt_logprob_spans:
-        return rows
+        return rows, len(rows) == num_rows  # increasing: as many as the batch's, all of them
     # a request's rows hold its positions from num_computed_tokens on
     first = {
         id(r): end - n - r.num_computed_tokens
         for (r, n), end in zip(scheduled, ends.tolist(), strict=True)
     }
     spans = [np.arange(s.start, s.stop) + first[id(r)] for r, s in out.prompt_logprob_spans]
-    return np.concatenate([rows, *spans])
+    rows = np.concatenate([rows, *spans])
+    return rows, np.array_equal(rows, np.arange(num_rows))
