@@ -8,9 +8,9 @@ float32, CPU, one torch thread, max_num_seqs B) are prefilled, then ``--steps`` 
 run through ``LLMEngine.step`` (synchronous scheduling) with ``runner.prepare`` timed; each
 step's whole time is taken too. A tree's figure is the median over its steps. ``--baseline
 PATH`` measures the same on another checkout of kvserve (e.g. ``git worktree add /tmp/base
-main``) in a fresh interpreter; the trees take turns, ``--rounds`` times, and the table
-gives each tree's median over the rounds and the ratio (baseline ÷ this tree) as the median
-of the rounds' own ratios.
+main``) in a fresh interpreter; the trees take turns, ``--rounds`` times (which one goes
+first alternates), and the table gives each tree's median over the rounds and the ratio
+(baseline ÷ this tree) as the median of the rounds' own ratios.
 """
 
 import argparse
@@ -113,8 +113,9 @@ def main() -> None:
         trees = {"baseline": args.baseline} | trees
     load_before = Path("/proc/loadavg").read_text().strip()
     rounds: dict[str, list[dict]] = {label: [] for label in trees}
-    for _ in range(args.rounds):
-        for label, tree in trees.items():
+    for round_ in range(args.rounds):
+        order = list(trees.items()) if round_ % 2 == 0 else list(trees.items())[::-1]
+        for label, tree in order:
             rounds[label].append(measure_tree(tree, batches, args.steps))
     load_after = Path("/proc/loadavg").read_text().strip()
     print(f"/proc/loadavg before: {load_before}; after: {load_after}")
