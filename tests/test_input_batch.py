@@ -1,17 +1,22 @@
 """The runner's persistent block-table rows: after every step they hold exactly the KV
 manager's block ids, through new requests, appended blocks, preemption and resumption,
-finished requests whose rows are reused, dropped draft blocks and sliding windows."""
+finished requests whose rows are reused, dropped draft blocks and sliding windows; and
+every step of an engine under block pressure gathers its requests' own tables and slots."""
 
 import numpy as np
 import pytest
 import torch
 from test_kv_cache_sliding_window import HYBRID, advance
 
+from kvserve import SamplingParams
+from kvserve.engine.config import EngineConfig
 from kvserve.engine.core.kv_cache_manager import KVCacheManager
 from kvserve.engine.executor.input_batch import InputBatch
+from kvserve.engine.llm_engine import LLMEngine
 
 from factories import finish_step, make_request, make_scheduler
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
 WHERE = ["cpu", "cpu, device copy"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -138,3 +143,45 @@ def test_a_sliding_window_group_row_takes_the_null_block_where_blocks_left_it(wh
     assert kv.allocate_slots(a, 1)
     assert a.block_tables == [[1, 2, 3, 7], [0, 0, 6, 8]]
     assert gathered(batch, [a]) == [a.block_tables]
+
+
+@pytest.mark.parametrize("speculative_config", [None, NGRAM], ids=["plain", "ngram"])
+def test_every_step_of_an_engine_under_block_pressure_gathers_the_managers_tables(
+    checkpoint, speculative_config
+):
+    """Preemptions, rows reused by later requests and (n-gram drafts) rejected drafts'
+    blocks: each step's block tables and slots are the scheduled requests' own."""
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(checkpoint("llama")),
+            block_size=4,
+            num_kv_blocks=24,
+            max_num_batched_tokens=24,
+            max_num_seqs=4,
+            speculative_config=speculative_config,
+        )
+    )
+    prepare, checked = engine.runner.prepare, []
+
+    def checking(out):
+        inputs = prepare(out)
+        tables, slots = inputs.meta.block_tables, inputs.meta.slot_mapping.tolist()
+        row = 0
+        for index, (request, num_new) in enumerate(out.scheduled):
+            table = request.block_ids
+            assert tables[index, : len(table)].tolist() == table
+            for position in range(
+                request.num_computed_tokens, request.num_computed_tokens + num_new
+            ):
+                assert slots[row] == table[position // 4] * 4 + position % 4
+                row += 1
+        checked.append(len(out.scheduled))
+        return inputs
+
+    engine.runner.prepare = checking
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    for i in range(10):
+        engine.add_request(str(i), [(7 * i + j) % 50 + 3 for j in range(5 + 3 * i)], params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.stats.num_preemptions > 0 and len(checked) > 30
