@@ -1,6 +1,6 @@
-"""The running requests' block tables, kept from step to step on the host and on the device,
-so that a step's block tables and slot mappings are gathered by row instead of rebuilt from
-every request's lists."""
+"""The running requests' block tables, kept from step to step (on the host, and on a device
+other than the CPU a copy there), so that a step's block tables and slot mappings are
+gathered by row instead of rebuilt from every request's lists."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
