@@ -20,12 +20,15 @@ every stage (a run cut off keeps what it measured; ``stages_done`` lists them):
 7. ``prefill``: one --prefill-len prompt through the engine against the matmul floor, and
    the attention of that prefill (Triton) against torch's scaled_dot_product_attention on
    the same shapes (causal, grouped KV heads).
-8. ``e2e``: --requests requests of --input-len prompt tokens and --output-len output tokens
+8. ``mixed``: a step of --mixed-decodes decoding requests carrying a fresh --mixed-chunks
+   prompt, replayed from a CUDA graph (where a mixed bucket holds it) against the model
+   run eagerly, and the bucket it pads to.
+9. ``e2e``: --requests requests of --input-len prompt tokens and --output-len output tokens
    (fixed, as the public vLLM benchmark: 1,000 x 256/256), greedy, EOS ignored; with async
    scheduling on and off, output tokens/s.
-9. ``transformers`` (--transformers): transformers' continuous batching on the same
+10. ``transformers`` (--transformers): transformers' continuous batching on the same
    workload; where the greedy outputs part, the checkpoint in fp32 judges (``partings``).
-10. ``syncs``: device synchronisations per decode step (torch's sync debug mode).
+11. ``syncs``: device synchronisations per decode step (torch's sync debug mode).
 """
 
 import argparse
@@ -61,6 +64,7 @@ DEVICE_TESTS = [
     "tests/test_triton_lora.py",
     "tests/test_kv_cache_fp8_kernels.py",
     "tests/test_cuda_graphs.py",
+    "tests/test_cuda_graphs_mixed.py",
     "tests/test_kv_cache_sizing.py",
     "tests/test_device_copy.py",
     "tests/test_async_scheduling.py",
@@ -334,6 +338,40 @@ def measure_prefill(engine, num: int, length: int, seed: int) -> float:
     start = time.perf_counter()
     _drain(engine)
     return num * length / (time.perf_counter() - start)
+
+
+def measure_mixed(engine, decodes: int, chunk: int, steps: int, seed: int) -> dict:
+    """Median wall time of a step of ``decodes`` decoding requests plus a fresh ``chunk``-token
+    prompt (sampling one token, so every timed step is a mixed one), with the model runner's
+    forward as built (replaying a CUDA graph where a bucket holds the step) and with the
+    model called eagerly; the bucket such a step pads to (None: it runs eagerly)."""
+    from kvserve.engine.graphs.cuda_graphs import CUDAGraphs
+
+    rng = random.Random(seed)
+    vocab = engine.model_config.vocab_size
+    runner = engine.runner
+    built = runner.forward
+    found: dict = {"decodes": decodes, "chunk": chunk, "bucket": None}
+    if isinstance(built, CUDAGraphs) and built.steps.mixed is not None:
+        bucket = built.steps.mixed.choose(decodes + chunk, decodes + 1, chunk)
+        found["bucket"] = asdict(bucket) if bucket is not None else None
+    with decoding(engine, decodes, 64, greedy(2 * steps + 64), seed):
+        try:
+            for name, forward in (("graphs", built), ("eager", runner.model)):
+                runner.forward = forward
+                times = []
+                for i in range(steps + 1):  # the first step outside the median
+                    prompt = [rng.randrange(2, vocab) for _ in range(chunk)]
+                    engine.add_request(f"mixed-{name}-{i}", prompt, greedy(1))
+                    start = time.perf_counter()
+                    engine.step()
+                    times.append(time.perf_counter() - start)
+                found[f"{name}_step_ms"] = statistics.median(times[1:]) * 1e3
+        finally:
+            runner.forward = built
+    _drain(engine)  # the last prompts, and the aborted decodes (async: a step in flight)
+    found["eager_over_graphs"] = found["eager_step_ms"] / found["graphs_step_ms"]
+    return found
 
 
 def agreeing_prefix(ours: list[int], theirs: list[int]) -> int:
@@ -668,6 +706,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--partings", type=int, default=32, help="partings from transformers to judge in fp32"
     )
     p.add_argument("--prefill-len", type=int, default=8192)
+    p.add_argument(
+        "--mixed-decodes", type=int, nargs="+", default=[63, 255],
+        help="decoding requests of each timed mixed step (capped at max_num_seqs - 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--mixed-chunks", type=int, nargs="+", default=[128, 256],
+        help="the prompt each timed mixed step carries, one per --mixed-decodes",
+    )  # fmt: skip
+    p.add_argument("--mixed-steps", type=int, default=16)
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=256)
@@ -679,6 +726,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.skip_tests, args.layers, args.batches = True, TINY_SHAPE["num_hidden_layers"], [1, 4]
         args.decode_prompt, args.decode_steps, args.profile_steps = 16, 3, 2
         args.prefill_len, args.requests, args.input_len, args.output_len = 64, 6, 12, 8
+        args.mixed_decodes, args.mixed_chunks, args.mixed_steps = [3], [8], 2
     return args
 
 
@@ -764,6 +812,13 @@ def main(argv: list[str] | None = None) -> int:
             "attention": prefill_attention_vs_sdpa(config, args.prefill_len, device, dtype),
         }
         print(f"prefill: {report['prefill']}")
+    with report.stage("mixed"):
+        report["mixed"] = {}
+        most = engine.plan.max_num_seqs - 1
+        for decodes, chunk in zip(args.mixed_decodes, args.mixed_chunks, strict=True):
+            found = measure_mixed(engine, min(decodes, most), chunk, args.mixed_steps, args.seed)
+            report["mixed"][f"{found['decodes']}+{chunk}"] = found
+            print(f"mixed step: {found}")
     workload = Workload.fixed(
         args.requests, args.input_len, args.output_len, config.vocab_size, args.seed
     )

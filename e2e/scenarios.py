@@ -863,17 +863,28 @@ def check_operator_log(ctx: Context) -> None:
         assert not problems, "\n".join(problems[:20])
 
 
-def diagnostics(ctx: Context) -> str:
-    """What to read after a failure: objects, events, the operator's and the servers' logs."""
-    parts = []
-    for title, args in (
+def diagnostics(ctx: Context, brief: bool = False) -> str:
+    """What to read after a failure: objects, events, the operator's and the servers' logs.
+    ``brief``: only the pods, the Warning events and the operator's last lines (its previous
+    container's too, after a restart), short enough for the end of a CI log."""
+    operator = ("logs", "-n", ctx.operator_namespace, f"deployment/{ctx.operator}")
+    sections: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("objects", ("get", "llmd,all,pdb,hpa", "-A", "-o", "wide")),
         ("events", ("get", "events", "-A", "--sort-by=.lastTimestamp")),
-        ("operator log", ("logs", "-n", ctx.operator_namespace, f"deployment/{ctx.operator}",
-                          "--tail=80")),
+        ("operator log", (*operator, "--tail=80")),
         ("server logs", ("logs", "-n", ctx.namespace, "-l", ctx.selector, "--prefix",
                          "--tail=40")),
-    ):  # fmt: skip
+    )  # fmt: skip
+    if brief:
+        sections = (
+            ("pods", ("get", "pods", "-A", "-o", "wide")),
+            ("warnings", ("get", "events", "-A", "--field-selector", "type=Warning",
+                          "--sort-by=.lastTimestamp")),
+            ("operator log", (*operator, "--tail=25")),
+            ("operator's previous log", (*operator, "--previous", "--tail=15")),
+        )  # fmt: skip
+    parts = []
+    for title, args in sections:
         try:
             parts.append(f"--- {title}\n{ctx.cluster.kubectl(*args, check=False)}")
         except Exception as e:  # diagnostics must not hide the failure they explain

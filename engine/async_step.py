@@ -17,10 +17,12 @@ checked for stops and handed out after N+1 was submitted. A request that finishe
 emits nothing from it; its blocks are freed when step N is processed.
 
 Sampling that reads the previous token on the host forces a sync *of the step*: when step
-N+1 holds a request with a grammar (the mask needs the grammar to have accepted the token
-of step N), presence/frequency/repetition penalties (the counts need it) or ``min_tokens``
-still unmet, step N is processed first and N+1 is submitted without the requests that
-finished in N (no wasted row). Prompt log-probabilities are recorded by the step thread.
+N+1 holds a request with a grammar (xgrammar fills the mask on the host, after the grammar
+accepted the token of step N), step N is processed first and N+1 is submitted without the
+requests that finished in N (no wasted row). Penalties and ``min_tokens`` do not: they read
+each request's history on the device (``SamplingState``), which step N's sampling updated
+before N+1 samples; a request's history slot is handed out when the step is submitted.
+Prompt log-probabilities are recorded by the step thread, from the step's one copy.
 
 A forward that raises fails its requests (as without async scheduling, one failed step
 counted) and also those of the step queued behind it, whose placeholders can never be
@@ -42,7 +44,7 @@ from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.executor import ExecutorFailedError
 from kvserve.engine.executor.model_runner import StepInputs
-from kvserve.engine.prompt_logprobs import record_prompt_logprobs
+from kvserve.engine.sampling_state import StepRows
 
 if TYPE_CHECKING:
     from kvserve.engine.llm_engine import LLMEngine
@@ -51,14 +53,9 @@ log = logging.getLogger(__name__)
 
 
 def needs_host_tokens(request: Request) -> bool:
-    """Whether sampling the request's next token reads its previous token on the host."""
-    params = request.params
-    return (
-        request.grammar is not None
-        or bool(params.presence_penalty or params.frequency_penalty)
-        or params.repetition_penalty != 1
-        or request.num_output_tokens < params.min_tokens
-    )
+    """Whether sampling the request's next token reads its previous token on the host: only
+    a grammar's mask does."""
+    return request.grammar is not None
 
 
 class PreviousStepFailedError(RuntimeError):
@@ -137,6 +134,7 @@ class AsyncSteps:
         try:
             inputs = self.engine.runner.prepare(out)
             fills = self._fills(out, previous)
+            rows = self.engine.sampling_state.rows(out.sampling_requests)
         except Exception as exc:  # failed when processed, like a forward that raised
             result: Future[SampledStep] = Future()
             result.set_exception(exc)
@@ -148,7 +146,7 @@ class AsyncSteps:
         if inputs is not None:
             if self._thread is None:
                 self._thread = ThreadPoolExecutor(1, thread_name_prefix="kvserve-step")
-            result = self._thread.submit(self._run, inputs, fills, out)
+            result = self._thread.submit(self._run, inputs, fills, rows, out)
         self.in_flight = InFlightStep(out, result)
 
     def _fills(
@@ -173,7 +171,11 @@ class AsyncSteps:
         return PlaceholderFills(to_device(rows, device, torch.long), to_device(sources, device))
 
     def _run(
-        self, inputs: StepInputs, fills: PlaceholderFills | None, out: SchedulerOutput
+        self,
+        inputs: StepInputs,
+        fills: PlaceholderFills | None,
+        rows: StepRows,
+        out: SchedulerOutput,
     ) -> SampledStep:
         """On the step thread: fill the placeholders, run the forward, sample."""
         engine = self.engine
@@ -183,9 +185,7 @@ class AsyncSteps:
                 raise PreviousStepFailedError("the step before failed: its tokens never came")
             inputs.input_ids[fills.rows] = last[fills.sources]
         logits = engine.runner.run(inputs)
-        sampling = out.sampling_requests
-        sampled, failed, tokens = engine._sample(logits[: len(sampling)], sampling)
-        failed += record_prompt_logprobs(out.prompt_logprob_spans, logits[len(sampling) :])
+        sampled, failed, tokens = engine._sample_step(logits, out, rows)
         self._last_tokens = tokens
         return SampledStep(sampled, failed)
 

@@ -41,8 +41,9 @@ class EngineConfig:
     memory budget (``kv_cache_memory_gb``; on CUDA, ``gpu_memory_utilization``; on a
     CPU by default, ``max_num_seqs`` full contexts, at most
     ``kv_cache_sizing.DEFAULT_CPU_KV_CACHE_GB``).
-    ``enforce_eager`` turns off the replayed decode steps (CUDA graphs; on a CPU, recorded
-    kernel calls). ``kv_events_config`` (vLLM's ``--kv-events-config``) publishes the prefix
+    ``enforce_eager`` turns off the replayed steps (CUDA graphs of decode steps and of mixed
+    steps up to ``max_cudagraph_capture_size`` tokens; on a CPU, recorded kernel calls of
+    decode steps). ``kv_events_config`` (vLLM's ``--kv-events-config``) publishes the prefix
     cache's changes; None: off.
     Each field is declared once with ``setting`` (``engine/settings.py``): its ``serve`` flag,
     ``KVSERVE_*`` variable, choices, minimum and, with a ``Crd``, its LLMDeployment field."""
@@ -82,7 +83,16 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = setting(None, help="KV-cache budget in GiB")
     gpu_memory_utilization: float = setting(0.9, crd=Crd(schema={"minimum": 0.05, "maximum": 1}))
     enforce_eager: bool = setting(
-        False, help="no replayed decode steps (CUDA graphs, recorded CPU kernel calls)"
+        False,
+        help="no replayed steps (CUDA graphs of decode and mixed steps, recorded CPU kernel "
+        "calls of decode steps)",
+    )
+    max_cudagraph_capture_size: int = setting(
+        512,
+        minimum=0,
+        help="the most tokens of a step with prefill chunks that replays a CUDA graph "
+        "(capped at max_num_batched_tokens; 0: such steps run eagerly, decode steps alone "
+        "replay graphs)",
     )
     tensor_parallel_size: int = setting(
         1,

@@ -2,7 +2,7 @@
 ``input_processor`` and leave as deltas through ``output_processor``)."""
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -22,6 +22,7 @@ from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan, plan_execution
 from kvserve.engine.executor import ExecutorFailedError, build_executor
 from kvserve.engine.executor.model_runner import ModelRunner
+from kvserve.engine.host_copy import to_host_packed
 from kvserve.engine.input_processor import InputProcessor
 from kvserve.engine.kv_events import KVEventLog
 from kvserve.engine.kv_events_publisher import ZmqEventPublisher
@@ -30,9 +31,10 @@ from kvserve.engine.lora.lora_request import LoRARequest
 from kvserve.engine.lora.peft_adapter import LoRAAdapter
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.output_processor import delta_output, take_text
-from kvserve.engine.prompt_logprobs import record_prompt_logprobs
+from kvserve.engine.prompt_logprobs import prompt_tables, record_prompt_logprobs
 from kvserve.engine.sampler import Sampler
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.sampling_state import SamplingState, StepRows
 from kvserve.engine.spec_decode.speculator import Speculator
 from kvserve.engine.spec_decode.verifier import verify
 from kvserve.engine.startup import StartupPhases
@@ -85,6 +87,9 @@ class LLMEngine:
                 num_state_slots=self.plan.num_state_slots,
                 max_step_tokens=self.plan.max_num_batched_tokens,
             )
+        # The sampler's history on the device; its slots go back as requests stop running.
+        self.sampling_state = SamplingState()
+        self.sampler = Sampler(self.eos_token_ids, self.sampling_state)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 self.plan.max_num_seqs,
@@ -94,12 +99,12 @@ class LLMEngine:
                 config.max_loras if config.enable_lora else 0,
             ),
             self.kv,
+            self.sampling_state.free,
         )
         self.loras: LoRARegistry | None = None
         if config.enable_lora:
             assert config.max_cpu_loras is not None  # EngineConfig defaults it
             self.loras = LoRARegistry(self.model_config, config.max_lora_rank, config.max_cpu_loras)
-        self.sampler = Sampler(self.eos_token_ids)
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
             draft = self.runner.draft if isinstance(self.runner, ModelRunner) else None
@@ -293,8 +298,7 @@ class LLMEngine:
         if out.spec_token_ids:
             failed = self._verify(out, logits)
         else:
-            sampled, failed, _ = self._sample(logits[: len(sampling)], sampling)
-            failed += record_prompt_logprobs(out.prompt_logprob_spans, logits[len(sampling) :])
+            sampled, failed, _ = self._sample_step(logits, out)
             for request in failed:
                 self._fail(request)
             kept = out.without_finished()
@@ -322,7 +326,10 @@ class LLMEngine:
         requests that failed."""
         assert self.speculator is not None
         rows = out.num_sampling_rows
-        failed = record_prompt_logprobs(out.prompt_logprob_spans, logits[rows:])
+        prompt = prompt_tables(out.prompt_logprob_spans, logits[rows:])
+        failed = record_prompt_logprobs(
+            prompt, to_host_packed(prompt.tables) if prompt.tables else []
+        )
         for request in failed:
             self._fail(request)
         kept = out.without_finished()
@@ -360,33 +367,53 @@ class LLMEngine:
                 failed.append(self._output(request))
         return failed
 
-    def _sample(
-        self, logits: torch.Tensor, requests: list[Request]
+    def _sample_step(
+        self, logits: torch.Tensor, out: SchedulerOutput, rows: StepRows | None = None
     ) -> tuple[dict[str, tuple[int, Logprob | None]], list[Request], torch.Tensor]:
+        """A step without drafts: its sampling requests' tokens (``_sample``) and its prompt
+        logprobs recorded, from one copy to the host; the requests that failed either."""
+        sampling = out.sampling_requests
+        prompt = prompt_tables(out.prompt_logprob_spans, logits[len(sampling) :])
+        sampled, failed, tokens, host = self._sample(
+            logits[: len(sampling)], sampling, rows, prompt.tables
+        )
+        return sampled, failed + record_prompt_logprobs(prompt, host), tokens
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        requests: list[Request],
+        rows: StepRows | None = None,
+        also: Sequence[torch.Tensor] = (),
+    ) -> tuple[
+        dict[str, tuple[int, Logprob | None]], list[Request], torch.Tensor, list[list[list[float]]]
+    ]:
         """Each request's token and logprob, sampled as one batch or, if that raises, row by
-        row; the requests whose own row raised; and the tokens on the logits' device, one
-        per row (0 in a row that raised)."""
+        row; the requests whose own row raised; the tokens on the logits' device, one per
+        row (0 in a row that raised); and the rows of the ``also`` tables on the host, in
+        the batch's copy (a copy of their own after a batch that raised). ``rows``: the
+        requests' history slots, handed out now if not given (async scheduling hands them
+        out when the step is submitted)."""
+        rows = self.sampling_state.rows(requests) if rows is None else rows
         try:
-            out = self.sampler(logits, requests)
-            rows = zip(out.token_ids, out.logprobs, strict=True)
-            return (
-                {r.request_id: row for r, row in zip(requests, rows, strict=True)},
-                [],
-                out.tokens,
-            )
+            out = self.sampler(logits, requests, rows=rows, also=also)
+            pairs = zip(out.token_ids, out.logprobs, strict=True)
+            sampled = {r.request_id: pair for r, pair in zip(requests, pairs, strict=True)}
+            return sampled, [], out.tokens, out.also
         except Exception:
             log.exception("sampling a batch of %d failed; sampling row by row", len(requests))
         sampled, failed = {}, []
         for row, request in enumerate(requests):
             try:
-                out = self.sampler(logits[row : row + 1], [request])
+                out = self.sampler(logits[row : row + 1], [request], rows=rows.row(row))
             except Exception:
                 log.exception("sampling request %s failed", request.request_id)
                 failed.append(request)
                 continue
             sampled[request.request_id] = (out.token_ids[0], out.logprobs[0])
         tokens = [sampled[r.request_id][0] if r not in failed else 0 for r in requests]
-        return sampled, failed, to_device(tokens, logits.device, torch.long)
+        host = to_host_packed(also) if also else []
+        return sampled, failed, to_device(tokens, logits.device, torch.long), host
 
     def _fail_step(self, out: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         """The forward raised: nothing in it can be trusted, so all its requests fail."""

@@ -9,9 +9,10 @@ import torch
 from kvserve.engine.core.outputs import Logprob
 from kvserve.engine.core.request import Request
 from kvserve.engine.device_copy import to_device
-from kvserve.engine.host_copy import to_host
+from kvserve.engine.host_copy import to_host, to_host_packed
 from kvserve.engine.kernels.row_argmax import row_argmax
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.sampling_state import SamplingState, StepRows
 from kvserve.engine.structured.bitmask import apply_grammar_masks
 
 
@@ -20,6 +21,7 @@ class SamplerOutput:
     token_ids: list[int]  # one per row
     logprobs: list[Logprob | None]  # one per row; None where the request did not ask
     tokens: torch.Tensor  # token_ids on the logits' device (async scheduling feeds them on)
+    also: list[list[list[float]]]  # the rows of the call's ``also`` tables, on the host
 
 
 def _flat_index(rows: Sequence[Sequence[int]], device: torch.device):
@@ -29,84 +31,114 @@ def _flat_index(rows: Sequence[Sequence[int]], device: torch.device):
     return to_device(row_ids, device), to_device(cols, device, torch.long)
 
 
-def logprobs_of(
-    logits: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int]
-) -> list[Logprob]:
-    """Log-softmax of ``logits`` rows at ``token_ids``, with ``num_top[row]`` alternatives."""
-    return sampled_with_logprobs(logits, token_ids, num_top)[1]
-
-
-def sampled_with_logprobs(
-    logits: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int]
-) -> tuple[list[int], list[Logprob]]:
-    """``token_ids`` on the host and their ``Logprob`` (``logprobs_of``), in one device → host
-    copy: ids, chosen values and the top ``k`` values and ids packed as float64 columns
-    (exact for float32 values and for ids below 2**53)."""
+def logprob_table(logits: torch.Tensor, token_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """On the device, a row per row of ``logits``: ``token_ids``, the log-softmax at it and
+    the top ``k`` log-softmax values and their ids (float64 columns; ``read_logprobs``)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     chosen = logprobs.gather(1, token_ids[:, None])
-    k = max(num_top, default=0)
     top_values, top_ids = logprobs.topk(k, dim=-1) if k else (chosen[:, :0], chosen[:, :0])
     columns = [token_ids[:, None], chosen, top_values, top_ids]
-    table = to_host(torch.cat([c.double() for c in columns], dim=1))
-    tokens = [int(row[0]) for row in table]
-    found = [
-        Logprob(
-            token,
-            row[1],
-            tuple(zip((int(i) for i in row[2 + k : 2 + k + n]), row[2 : 2 + n], strict=True)),
-        )
-        for token, row, n in zip(tokens, table, num_top, strict=True)
-    ]
-    return tokens, found
+    return torch.cat([c.double() for c in columns], dim=1)
+
+
+def read_logprobs(table: list[list[float]], num_top: Sequence[int]) -> list[Logprob]:
+    """A ``logprob_table`` on the host as ``Logprob``s, ``num_top[row]`` alternatives each."""
+    found = []
+    for row, n in zip(table, num_top, strict=True):
+        k = (len(row) - 2) // 2
+        top = zip((int(i) for i in row[2 + k : 2 + k + n]), row[2 : 2 + n], strict=True)
+        found.append(Logprob(int(row[0]), row[1], tuple(top)))
+    return found
 
 
 class Sampler:
     """First logit bias, penalties, the ``min_tokens`` ban of EOS and stop ids (not for
     constrained rows: their grammar decides where EOS may come) and the grammar masks of
     constrained rows change the logits (each a scatter, index_put or bitmask kernel over
-    the batch, run only when a row uses it). Then greedy rows take the argmax; the
-    others apply temperature, top-k, top-p and min-p as masks, and draw with the
-    exponential race (argmax of probs / Exp(1) noise). Seeded rows draw their noise from their own
-    generator, so a seed fixes the output whatever else is batched. Which
-    filters run is decided from the host-side parameters: no device sync.
+    the batch, run only when a row uses it). Penalties and ``min_tokens`` read each
+    request's history in ``state`` (``SamplingState``: kept on the device, each call adds
+    the tokens it sampled), never the request's tokens on the host. Then greedy rows take
+    the argmax; the others apply temperature, top-k, top-p and min-p as masks, and draw
+    with the exponential race (argmax of probs / Exp(1) noise). Seeded rows draw their
+    noise from their own generator, so a seed fixes the output whatever else is batched.
+    Which filters run is decided from the host-side parameters: no device sync.
     Log-probabilities come from the raw logits (see ``SamplingParams``)."""
 
-    def __init__(self, eos_token_ids: Collection[int] = ()) -> None:
+    def __init__(
+        self, eos_token_ids: Collection[int] = (), state: SamplingState | None = None
+    ) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
+        self.state = SamplingState() if state is None else state
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
-        tokens = self._sample(self.adjust_logits(logits, requests), requests)
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        requests: list[Request],
+        rows: StepRows | None = None,
+        also: Sequence[torch.Tensor] = (),
+    ) -> SamplerOutput:
+        """One token per row of ``logits`` (``requests``' rows, in order; ``rows``: their
+        slots in ``state``, handed out now if not given), with the log-probabilities asked
+        for, in one device → host copy that carries the 2-D tables of ``also`` too (the
+        step's prompt log-probabilities)."""
+        rows = self.state.rows(requests) if rows is None else rows
+        tokens = self._sample(self.adjust_logits(logits, requests, rows), requests)
         wanted = [r.params.logprobs for r in requests]
-        if all(n is None for n in wanted):
-            return SamplerOutput(to_host(tokens), [None] * len(requests), tokens)
-        ids, found = sampled_with_logprobs(logits, tokens, [n or 0 for n in wanted])
-        chosen = [lp if n is not None else None for lp, n in zip(found, wanted, strict=True)]
-        return SamplerOutput(ids, chosen, tokens)
+        num_top = [n or 0 for n in wanted]
+        asked = any(n is not None for n in wanted)
+        found: list[Logprob | None] = [None] * len(requests)
+        if not asked and not also:
+            token_ids, host = to_host(tokens), []
+        else:
+            table = logprob_table(logits, tokens, max(num_top)) if asked else tokens[:, None]
+            host = to_host_packed([table, *also])
+            token_ids = [int(row[0]) for row in host[0]]
+            if asked:
+                read = read_logprobs(host[0], num_top)
+                found = [lp if n is not None else None for lp, n in zip(read, wanted, strict=True)]
+            host = host[1:]
+        rows.record(logits, tokens)  # last: a call that raised recorded nothing
+        return SamplerOutput(token_ids, found, tokens, host)
 
-    def adjust_logits(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    @staticmethod
+    def takes_argmax(request: Request) -> bool:
+        """Whether the token this sampler gives ``request`` now, and after any tokens it
+        appends, is the argmax of its raw logits row: greedy, without logit bias, penalties,
+        a grammar or log-probabilities, its ``min_tokens`` reached."""
+        p = request.params
+        return (
+            p.greedy
+            and not p.logit_bias
+            and not (p.presence_penalty or p.frequency_penalty)
+            and p.repetition_penalty == 1
+            and p.logprobs is None
+            and request.grammar is None
+            and request.num_output_tokens >= p.min_tokens
+        )
+
+    def adjust_logits(
+        self, logits: torch.Tensor, requests: list[Request], rows: StepRows | None = None
+    ) -> torch.Tensor:
+        rows = self.state.rows(requests) if rows is None else rows
         params = [r.params for r in requests]
         device, raw = logits.device, logits
         if any(p.logit_bias for p in params):
-            rows, cols = _flat_index([list(p.logit_bias) for p in params], device)
+            index = _flat_index([list(p.logit_bias) for p in params], device)
             bias = [v for p in params for v in p.logit_bias.values()]
             values = to_device(bias, device, logits.dtype)
-            logits = logits.index_put((rows, cols), values, accumulate=True)
+            logits = logits.index_put(index, values, accumulate=True)
         if any(p.presence_penalty or p.frequency_penalty for p in params):
-            rows, cols = _flat_index([r.output_token_ids for r in requests], device)
-            counts = torch.zeros_like(logits).index_put_(
-                (rows, cols), torch.ones_like(cols, dtype=logits.dtype), accumulate=True
-            )
+            counts = rows.counts(logits).to(logits.dtype)
             frequency = to_device([p.frequency_penalty for p in params], device)
             presence = to_device([p.presence_penalty for p in params], device)
-            logits = logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+            present = rows.present(logits)
+            logits = logits - frequency[:, None] * counts - presence[:, None] * present
         if any(p.repetition_penalty != 1 for p in params):
-            rows, cols = _flat_index([r.all_token_ids for r in requests], device)
-            seen = torch.zeros_like(logits, dtype=torch.bool).index_put_(
-                (rows, cols), torch.ones_like(cols, dtype=torch.bool)
-            )
             penalty = to_device([p.repetition_penalty for p in params], device)[:, None]
             penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-            logits = torch.where(seen, penalised, logits)
+            logits = torch.where(rows.seen(logits), penalised, logits)
+        # The host's output count lags the device's (tokens in flight), never leads it: a
+        # row it says is done is done; the others are banned where the device's count says.
         banned = [
             [*self.eos_token_ids, *r.params.stop_token_ids]
             if r.num_output_tokens < r.params.min_tokens and r.grammar is None
@@ -114,8 +146,10 @@ class Sampler:
             for r in requests
         ]
         if any(banned):
-            rows, cols = _flat_index(banned, device)
-            logits = logits.index_put((rows, cols), to_device(-torch.inf, device))
+            index = _flat_index(banned, device)
+            min_tokens = to_device([p.min_tokens for p in params], device, torch.int32)
+            unmet = (rows.num_outputs(logits) < min_tokens)[index[0]]
+            logits = logits.index_put(index, torch.where(unmet, -torch.inf, logits[index]))
         grammars = [r.grammar for r in requests]
         if any(grammars):
             # In place, unless the raw logits are still wanted for log-probabilities.

@@ -13,7 +13,8 @@ def audit_blocks(engine: LLMEngine | Scheduler) -> None:
     holding it; a block is free exactly when nobody holds it; no request holds a block
     twice; a table's null entries are exactly its dropped leading ones (sliding windows),
     and the null block is never free nor held. Every running request of a model with state
-    slots holds one slot of its own; a waiting one holds nothing."""
+    slots holds one slot of its own; a waiting one holds nothing. The sampler's history
+    slots are held only by running requests, one each."""
     scheduler = engine if isinstance(engine, Scheduler) else engine.scheduler
     kv = scheduler.kv
     pool = kv.pool
@@ -39,6 +40,11 @@ def audit_blocks(engine: LLMEngine | Scheduler) -> None:
         slots = [r.state_slot for r in scheduler.running]
         assert None not in slots and len(set(slots)) == len(slots), slots
         assert sorted(kv.slots.free_slots + slots) == list(range(kv.slots.num_slots))
+    if isinstance(engine, LLMEngine):
+        history = engine.sampling_state
+        holding = [r for r in scheduler.running if history.slot_of(r) is not None]
+        assert history.num_held == len(holding)
+        assert len({history.slot_of(r) for r in holding}) == len(holding)
 
 
 def assert_all_released(engine: LLMEngine) -> None:
@@ -48,6 +54,7 @@ def assert_all_released(engine: LLMEngine) -> None:
     assert all(b.ref_count == 0 for b in pool.blocks)
     slots = engine.kv.slots
     assert slots is None or slots.num_free == slots.num_slots
+    assert engine.sampling_state.num_held == 0
 
 
 def run_audited(engine: LLMEngine) -> dict[str, list[int]]:

@@ -96,18 +96,18 @@ def test_an_aborted_request_emits_nothing_more_and_its_blocks_come_back(checkpoi
     assert late["f"] == 1  # the step in flight when it was aborted
 
 
-def test_penalised_requests_sync_their_step_and_waste_no_row(checkpoint):
-    """Penalties read the previous token on the host: the step that holds such a request is
-    submitted after the step before it was processed, without the requests that ended."""
+def test_penalised_requests_do_not_sync_their_step(checkpoint):
+    """Penalties and ``min_tokens`` read the history on the device: the step after one that
+    ends a penalised request is in flight before it is processed (one thrown-away row)."""
     path = str(checkpoint("llama"))
     params = {
         "f": GREEDY.replace(max_tokens=4, repetition_penalty=1.3, presence_penalty=0.5),
-        "o": GREEDY.replace(frequency_penalty=0.7),
+        "o": GREEDY.replace(frequency_penalty=0.7, min_tokens=3),
     }
     sync, _ = run_requests(build(path, False), params)
     got, late = run_requests(build(path, True), params)
     assert tokens(got) == tokens(sync)
-    assert late == {"f": 0, "o": 0}
+    assert late == {"f": 1, "o": 0}
 
 
 def test_a_failed_forward_fails_its_step_and_the_one_queued_behind_it(checkpoint, monkeypatch):

@@ -6,11 +6,12 @@ import torch
 
 from kvserve import SamplingParams
 from kvserve.engine.config import EngineConfig
-from kvserve.engine.graphs.cuda_graphs import (
-    DecodeGraphs,
+from kvserve.engine.graphs.cuda_graphs import CUDAGraphs, use_cuda_graphs
+from kvserve.engine.graphs.graph_buckets import (
+    Bucket,
+    MixedBuckets,
     capture_sizes,
     padded_size,
-    use_cuda_graphs,
 )
 from kvserve.engine.graphs.static_batch import StaticDecodeBatch
 from kvserve.engine.llm_engine import LLMEngine
@@ -76,8 +77,11 @@ def decoding_engine(checkpoint):
 def test_only_a_cuda_engine_captures_graphs(decoding_engine):
     runner = decoding_engine.runner
     if runner.plan.device.type == "cuda":
-        assert isinstance(runner.forward, DecodeGraphs)
-        assert sorted(runner.forward.graphs) == capture_sizes(64)
+        assert isinstance(runner.forward, CUDAGraphs)
+        plan = runner.plan
+        decode = [Bucket(size, size, 1) for size in capture_sizes(plan.max_num_seqs)]
+        mixed = MixedBuckets(min(512, plan.max_num_batched_tokens), plan.max_num_seqs).all()
+        assert sorted(runner.forward.graphs) == sorted([*decode, *mixed])
     else:
         assert runner.forward is runner.model
 
@@ -170,11 +174,24 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA synchronisations")
 def test_a_decode_step_syncs_once(decoding_engine):
     """Only reading the sampled ids waits for the device: inputs go up through pinned
-    memory and the sampler's parameters too."""
+    memory and the sampler's parameters too; penalties and ``min_tokens`` read and update
+    the history on the device."""
     import warnings
 
     decoding_engine.add_request(
         "sampled", [21, 22, 23], SamplingParams(temperature=0.7, top_p=0.9, top_k=5, min_p=0.1)
+    )
+    decoding_engine.add_request(
+        "penalised",
+        [24, 25, 26],
+        SamplingParams(
+            temperature=0,
+            presence_penalty=0.5,
+            frequency_penalty=0.3,
+            repetition_penalty=1.2,
+            min_tokens=8,
+            max_tokens=16,
+        ),
     )
     decoding_engine.step()
     with warnings.catch_warnings(record=True) as caught:

@@ -104,6 +104,17 @@ def test_decode_and_prefill_measurements(engine):
     assert not engine.has_unfinished_requests()
 
 
+def test_mixed_step_measurement(engine):
+    """Both ways timed (the CPU's forward as built, then the model alone), the forward put
+    back, every request done; no CUDA graphs on a CPU, so no bucket."""
+    built = engine.runner.forward
+    found = gpu_check.measure_mixed(engine, decodes=2, chunk=8, steps=2, seed=0)
+    assert found["graphs_step_ms"] > 0 and found["eager_step_ms"] > 0
+    assert found["bucket"] is None and (found["decodes"], found["chunk"]) == (2, 8)
+    assert engine.runner.forward is built
+    assert not engine.has_unfinished_requests()
+
+
 def test_end_to_end_runners_give_greedy_outputs(engine, tiny_checkpoint):
     """Both runners return each request's own number of greedy tokens."""
     from transformers import AutoModelForCausalLM
@@ -193,7 +204,7 @@ def test_tiny_run_writes_every_stage(tmp_path):
     out = tmp_path / "check.json"
     assert gpu_check.main(["--tiny", "--out", str(out), "--workdir", str(tmp_path / "m")]) == 0
     report = json.loads(out.read_text())
-    stages = ["device", "checkpoint", "engine", "decode", "prefill", "e2e"]
+    stages = ["device", "checkpoint", "engine", "decode", "prefill", "mixed", "e2e"]
     if torch.cuda.is_available():
         stages = ["device", "kernels", *stages[1:], "syncs"]
     assert report["stages_done"] == stages

@@ -165,17 +165,20 @@ def test_every_step_of_an_engine_under_block_pressure_gathers_the_managers_table
 
     def checking(out):
         inputs = prepare(out)
-        tables, slots = inputs.meta.block_tables, inputs.meta.slot_mapping.tolist()
-        row = 0
-        for index, (request, num_new) in enumerate(out.scheduled):
-            table = request.block_ids
-            assert tables[index, : len(table)].tolist() == table
-            for position in range(
-                request.num_computed_tokens, request.num_computed_tokens + num_new
-            ):
-                assert slots[row] == table[position // 4] * 4 + position % 4
-                row += 1
-        checked.append(len(out.scheduled))
+        meta = inputs.meta
+        tables, slots = meta.block_tables.tolist(), meta.slot_mapping.tolist()
+        # a sequence per request, or (a verification step on a CPU) one per row
+        per_row = meta.num_seqs != len(out.scheduled)
+        expected_tables, expected_slots = [], []
+        for request, num_new in out.scheduled:
+            table, start = request.block_ids, request.num_computed_tokens
+            expected_tables += [table] * (num_new if per_row else 1)
+            expected_slots += [table[p // 4] * 4 + p % 4 for p in range(start, start + num_new)]
+        assert [t[: len(e)] for t, e in zip(tables, expected_tables, strict=True)] == (
+            expected_tables
+        )
+        assert slots == expected_slots
+        checked.append(per_row)
         return inputs
 
     engine.runner.prepare = checking
@@ -185,3 +188,4 @@ def test_every_step_of_an_engine_under_block_pressure_gathers_the_managers_table
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.stats.num_preemptions > 0 and len(checked) > 30
+    assert any(checked) == (speculative_config is not None)

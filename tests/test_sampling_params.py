@@ -7,6 +7,8 @@ import torch
 
 from kvserve import LLM, SamplingParams
 from kvserve.engine.core.request import Request
+from kvserve.engine.host_copy import HostCopies
+from kvserve.engine.prompt_logprobs import prompt_tables, record_prompt_logprobs
 from kvserve.engine.sampler import Sampler
 
 VOCAB = 32
@@ -93,6 +95,25 @@ def test_logprobs_are_the_log_softmax_of_the_raw_logits():
     assert out.token_ids[1] == 5  # the bias chose it; its logprob is still the raw one
     assert second.logprob == pytest.approx(reference[1, 5].item(), abs=1e-6)
     assert second.top == ()
+
+
+def test_prompt_logprobs_ride_in_the_samplers_one_copy():
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(3))
+    request = _request(0, [3, 7, 9, 2, 5], [], temperature=0, prompt_logprobs=2)
+    found = prompt_tables([(request, range(0, 3))], logits[1:])
+    before = HostCopies.count
+    out = Sampler([EOS])(logits[:1], [BATCH[0]], also=found.tables)
+    assert HostCopies.count == before + 1
+    assert out.token_ids == [int(logits[0].argmax())]
+    assert record_prompt_logprobs(found, out.also) == []
+    reference = torch.log_softmax(logits[1:], dim=-1)
+    assert len(request.prompt_logprobs) == 4
+    for position, found_lp in enumerate(request.prompt_logprobs[1:]):
+        assert found_lp is not None
+        target = request.prompt_token_ids[position + 1]
+        assert found_lp.token_id == target
+        assert found_lp.logprob == pytest.approx(reference[position, target].item(), abs=1e-6)
+        assert [t for t, _ in found_lp.top] == reference[position].topk(2).indices.tolist()
 
 
 def test_a_seed_gives_the_same_draws_whatever_else_is_batched():

@@ -3,11 +3,13 @@ without speculation (greedy, seeded sampling with penalties and logit bias, logp
 structured outputs), in fewer, longer deltas, and a stop inside an accepted run of drafts
 cuts there: nothing after it."""
 
+import itertools
 import json
 
 import pytest
 
 from kvserve import SamplingParams
+from kvserve.engine.host_copy import HostCopies
 from kvserve.engine.llm import LLM
 from kvserve.engine.structured.spec import OutputConstraint
 
@@ -193,3 +195,34 @@ def test_prompt_logprobs_share_a_step_with_drafts(llms):
     got = seen["b"][0].prompt_logprobs
     assert got[0] is None and b.prompt_logprobs[0] is None
     assert_logprobs_close(got[1:], b.prompt_logprobs[1:])
+
+
+def test_a_greedy_verification_step_copies_to_the_host_once(llms):
+    """Plain greedy requests verify all their drafts with one argmax and one copy a step."""
+    plain, spec = llms
+    engine = spec.engine
+    greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, greedy)
+    at_each_run: list[int] = []
+    run = engine.runner.run
+    before = engine.speculator.stats.num_drafts
+
+    def counted(inputs):
+        at_each_run.append(HostCopies.count)
+        return run(inputs)
+
+    engine.runner.run = counted
+    got: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                got[out.request_id] += out.outputs[0].token_ids
+    finally:
+        del engine.runner.run
+    at_each_run.append(HostCopies.count)
+    assert_all_released(engine)
+    assert [b - a for a, b in itertools.pairwise(at_each_run)] == [1] * (len(at_each_run) - 1)
+    assert engine.speculator.stats.num_drafts - before >= 5
+    expected = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, greedy)]
+    assert list(got.values()) == expected

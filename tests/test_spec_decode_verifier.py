@@ -4,6 +4,7 @@ there, with nothing appended after."""
 
 import torch
 
+from kvserve.engine.host_copy import HostCopies
 from kvserve.engine.sampler import Sampler
 from kvserve.engine.spec_decode.verifier import verify
 
@@ -20,26 +21,46 @@ def peaked(*tokens: int) -> torch.Tensor:
     return logits
 
 
-def run(drafts, targets, **params):
-    """A decoding request (prompt 1..7, token 8 out) verifying ``drafts`` against rows whose
-    argmax are ``targets``: the request, what ``verify`` found, the scheduler."""
+def run_batch(*cases):
+    """Decoding requests (prompt 1..7, token 8 out), each ``(drafts, targets, params)``,
+    verifying its drafts against rows whose argmax are its targets: the requests, what
+    ``verify`` found, the scheduler, the requests of each ``sample`` call and the
+    device → host copies ``verify`` made."""
     scheduler = make_scheduler(num_blocks=16, block_size=4)
-    request = make_request(tokens=[1, 2, 3, 4, 5, 6, 7], **{"max_tokens": 20, **params})
-    scheduler.add(request)
+    requests = [
+        make_request(tokens=[1, 2, 3, 4, 5, 6, 7], **{"max_tokens": 20, **params})
+        for _, _, params in cases
+    ]
+    for request in requests:
+        scheduler.add(request)
     out = scheduler.schedule()
-    scheduler.update(out, [8], {EOS})
-    request.spec_token_ids = list(drafts)
+    scheduler.update(out, [8] * len(requests), {EOS})
+    for request, (drafts, _, _) in zip(requests, cases, strict=True):
+        request.spec_token_ids = list(drafts)
     out = scheduler.schedule()
     sampler = Sampler([EOS])
+    calls = []
 
-    def sample(logits, requests):
-        found = sampler(logits, requests)
-        return {r.request_id: (t, None) for r, t in zip(requests, found.token_ids, strict=True)}, []
+    def sample(logits, batch):
+        calls.append([r.request_id for r in batch])
+        found = sampler(logits, batch)
+        return {r.request_id: (t, None) for r, t in zip(batch, found.token_ids, strict=True)}, []
 
+    copies = HostCopies.count
     verified = verify(
-        peaked(*targets), out, sample, lambda r, t: scheduler.append_token(r, t, {EOS})
+        peaked(*(t for _, targets, _ in cases for t in targets)),
+        out,
+        sample,
+        lambda r, t: scheduler.append_token(r, t, {EOS}),
     )
+    copies = HostCopies.count - copies
     scheduler.advance(out, verified.num_rejected)
+    return requests, verified, scheduler, calls, copies
+
+
+def run(drafts, targets, **params):
+    """``run_batch`` of one request: the request, what ``verify`` found, the scheduler."""
+    (request,), verified, scheduler, _, _ = run_batch((drafts, targets, params))
     return request, verified, scheduler
 
 
@@ -80,3 +101,31 @@ def test_max_tokens_inside_the_accepted_run_ends_it():
     request, _, _ = run([9, 10, 11], [9, 10, 11, 12], max_tokens=3)
     assert request.output_token_ids == [8, 9, 10]
     assert request.finish_reason == "length"
+
+
+def test_plain_greedy_requests_verify_with_one_host_copy_and_no_sampler_call():
+    (a, b), verified, _, calls, copies = run_batch(
+        ([9, 10, 11], [9, 10, 42, 43], {}), ([20, 21], [20, 21, 22], {})
+    )
+    assert a.output_token_ids == [8, 9, 10, 42] and b.output_token_ids == [8, 20, 21, 22]
+    assert verified.num_rejected == {a.request_id: 1, b.request_id: 0}
+    assert verified.runs == [(3, 2), (2, 2)]
+    assert calls == [] and copies == 1
+
+
+def test_biased_and_plain_requests_of_one_batch_each_keep_their_rule():
+    # the bias lifts token 50 above the peaked 9 of the biased request's second row
+    (plain, biased), verified, _, calls, _ = run_batch(
+        ([9, 9, 9], [9, 9, 9, 9], {}), ([9, 9, 9], [9, 9, 9, 9], {"logit_bias": {50: 5.5}})
+    )
+    assert plain.output_token_ids == [8, 9, 9, 9, 9]
+    assert biased.output_token_ids == [8, 50]
+    assert verified.runs == [(3, 3), (3, 0)]
+    assert calls == [[biased.request_id]]
+
+
+def test_min_tokens_not_reached_bans_eos_at_every_position():
+    # at the second position EOS is banned: the argmax of the rest (all 0) is token 1
+    request, verified, _ = run([9, EOS, 11], [9, EOS, 11, 12], min_tokens=5)
+    assert request.output_token_ids == [8, 9, 1]
+    assert request.finish_reason is None and verified.runs == [(3, 1)]

@@ -3,7 +3,7 @@
 import logging
 import time
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from kvserve.engine.core.kv_cache_manager import KVCacheManager
@@ -139,11 +139,19 @@ class SchedulerStats:
 
 
 class Scheduler:
-    """FCFS continuous batching with one token budget per step."""
+    """FCFS continuous batching with one token budget per step. A request that stops running
+    (finished, aborted, preempted) gives back its blocks and state slot (``kv.free``) and
+    whatever ``on_free`` frees (the sampler's history slot)."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        on_free: Callable[[Request], None] | None = None,
+    ) -> None:
         self.config = config
         self.kv = kv
+        self.on_free = on_free
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = SchedulerStats()
@@ -210,7 +218,7 @@ class Scheduler:
         return out
 
     def _preempt(self, request: Request) -> None:
-        self.kv.free(request)
+        self._free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
@@ -312,7 +320,12 @@ class Scheduler:
 
     def _remove(self, request: Request) -> None:
         self.running.remove(request)
+        self._free(request)
+
+    def _free(self, request: Request) -> None:
         self.kv.free(request)
+        if self.on_free is not None:
+            self.on_free(request)
 
     def _refresh_stats(self) -> None:
         self.stats.num_running = len(self.running)

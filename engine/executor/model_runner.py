@@ -23,7 +23,8 @@ from kvserve.engine.execution_plan import ExecutionPlan
 from kvserve.engine.executor.input_batch import InputBatch
 from kvserve.engine.executor.kv_pages import layer_caches
 from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
-from kvserve.engine.graphs.cuda_graphs import DecodeGraphs, capture_sizes
+from kvserve.engine.graphs.cuda_graphs import CUDAGraphs
+from kvserve.engine.graphs.graph_buckets import MixedBuckets, capture_sizes
 from kvserve.engine.graphs.static_batch import STATE
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.linear_attention.metadata import StateMetadata
@@ -35,6 +36,7 @@ from kvserve.engine.models.decoder import StepMetadata
 from kvserve.engine.models.loader import load_model
 from kvserve.engine.models.model_config import ModelConfig
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.spec_decode.decode_rows import as_decode_rows
 from kvserve.engine.spec_decode.draft_kv import draft_config
 from kvserve.engine.spec_decode.draft_model import DraftModel
 from kvserve.engine.startup import StartupPhases
@@ -145,9 +147,12 @@ class ModelRunner:
             layout = self._static_layout()
             if plan.cuda_graphs:
                 sizes = capture_sizes(plan.max_num_seqs)
-                self.forward = DecodeGraphs(
-                    self.model, self.kv_caches, sizes, plan.max_blocks_per_seq, device, layout
-                )
+                mixed_tokens = min(config.max_cudagraph_capture_size, plan.max_num_batched_tokens)
+                mixed = MixedBuckets(mixed_tokens, plan.max_num_seqs) if mixed_tokens > 1 else None
+                self.forward = CUDAGraphs(
+                    self.model, self.kv_caches, sizes, mixed, plan.max_blocks_per_seq, device,
+                    layout,
+                )  # fmt: skip
             elif plan.cpu_graphs:
                 self.forward = CPUDecodeGraphs(
                     self.model,
@@ -210,7 +215,12 @@ class ModelRunner:
         seq_lens = seq_lens_array.tolist()
         token_rows = rows if len(ids) == len(rows) else np.repeat(rows, lens)
         slots = self.input_batch.slot_mappings(token_rows, positions)
-        tables = self.input_batch.block_tables(rows, int(self.input_batch.num_blocks[rows].max()))
+        table_rows = rows
+        if self._verifies_as_decodes(out):
+            query_lens, seq_lens, table_rows = as_decode_rows(query_lens, seq_lens, rows)
+            query_start_loc_host, seq_lens_array = np.arange(len(ids) + 1), np.array(seq_lens)
+        width = int(self.input_batch.num_blocks[rows].max())
+        tables = self.input_batch.block_tables(table_rows, width)
         logits_rows, every_row = _logits_rows(out, ends)
         dev = self.plan.device
         lora_rows: np.ndarray | None = None
@@ -247,6 +257,22 @@ class ModelRunner:
             every_row=every_row,
             lora_rows=lora_rows,
             lora_fills=lora_fills,
+        )
+
+    def _verifies_as_decodes(self, out: SchedulerOutput) -> bool:
+        """Whether the step's attention runs as one decode sequence a row
+        (``spec_decode.decode_rows``): on a CPU, a step of decoding requests only, some
+        verifying drafts, of a model of one KV group without linear-attention layers,
+        LoRA or a draft model."""
+        return (
+            self.plan.device.type == "cpu"
+            and bool(out.spec_token_ids)
+            and len(self.plan.kv_groups) == 1
+            and not self.linear_layers
+            and self.lora is None
+            and self.draft is None
+            and len(out.sampling_requests) == len(out.scheduled)
+            and all(n == 1 + out.num_drafts(r) for r, n in out.scheduled)
         )
 
     def _lora_rows(

@@ -1,47 +1,46 @@
-"""Decode steps replayed from CUDA graphs, one graph per padded batch size.
+"""Steps replayed from CUDA graphs, one graph per ``Bucket``: decode steps padded to a batch
+size, and mixed steps (decodes with small prefill chunks) padded in tokens, sequences and
+largest query.
 
-A graph replays fixed kernels on fixed addresses, so a decode batch of ``n`` sequences is
-copied into static input tensors sized for the next capture size ``>= n``; the padding
-rows have slot ``-1`` (the Triton store kernel writes nothing for them) and a one-token
-context, and their outputs are dropped. Only the Triton attention path can be captured:
-the torch path reads host-side lengths that a graph would freeze.
+Full graphs, not piecewise ones around attention: the Triton attention is one launch for
+any mix of decodes and chunks, reads every length from the device, and a launch padded to a
+bucket computes the real rows as the unpadded one does, so the whole forward is captured.
+Only the Triton attention path can be captured: the torch path reads host-side lengths that
+a graph would freeze.
+
+Memory: every graph allocates from one pool, captured the most tokens first, so the pool
+holds the largest step's intermediates once (for the Llama-3-8B shape at 512 tokens in
+bf16, ≈ 60 MiB: the MLP's 512 x 28,672 gate-up rows the most), plus each graph's output
+(``seqs`` x hidden, at most 2 MiB) and the static inputs (the decode and the mixed static
+batch each have block tables of groups x ``max_num_seqs`` x ``max_blocks_per_seq`` int32,
+0.5 MiB at 256 x 520). An estimate: unmeasured on a device. Each graph is captured after
+one eager warm-up run of its shape.
 """
 
-import bisect
 from collections.abc import Sequence
 
 import torch
 
-from kvserve.engine.graphs.static_batch import StaticDecodeBatch
+from kvserve.engine.graphs.graph_buckets import Bucket, MixedBuckets
+from kvserve.engine.graphs.padded_steps import PaddedSteps
 from kvserve.engine.models.decoder import DecoderLM, KVCache, StepMetadata
-
-
-def capture_sizes(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, then every multiple of 8 below ``max_num_seqs``, then ``max_num_seqs``."""
-    small = [size for size in (1, 2, 4) if size < max_num_seqs]
-    return [*small, *range(8, max_num_seqs, 8), max_num_seqs]
-
-
-def padded_size(num_seqs: int, sizes: list[int]) -> int | None:
-    """The smallest of ``sizes`` (ascending) that holds ``num_seqs``; None if none does."""
-    index = bisect.bisect_left(sizes, num_seqs)
-    return sizes[index] if index < len(sizes) else None
 
 
 def use_cuda_graphs(device: torch.device, backend_name: str, enforce_eager: bool) -> bool:
     return device.type == "cuda" and backend_name == "triton" and not enforce_eager
 
 
-class DecodeGraphs:
-    """Called like the model. Decode-only batches of up to ``sizes[-1]`` sequences, all
-    rows out, replay a captured graph; any other batch runs the model eagerly."""
+class CUDAGraphs:
+    """Called like the model. A step that a bucket of ``steps`` holds replays that bucket's
+    captured graph; any other step runs the model eagerly."""
 
     @torch.inference_mode()
     def __init__(
         self,
         model: DecoderLM,
         kv_caches: list[KVCache],
-        sizes: list[int],
+        decode_sizes: list[int],
+        mixed: MixedBuckets | None,
         max_blocks_per_seq: int,
         device: torch.device,
         layout: Sequence[int] = (),
@@ -49,24 +48,20 @@ class DecodeGraphs:
         """``layout``: each layer's KV group (``StaticDecodeBatch``; no ``STATE``: a padding
         row would need a scratch state slot, which the plan does not keep)."""
         self.model = model
-        self.kv_caches = kv_caches
-        self.sizes = sizes
-        self.static = StaticDecodeBatch(sizes[-1], max_blocks_per_seq, device, layout)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.steps = PaddedSteps(
+            model, kv_caches, decode_sizes, mixed, max_blocks_per_seq, device, layout
+        )
+        self.graphs: dict[Bucket, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[Bucket, torch.Tensor] = {}
         pool = None
-        for size in reversed(sizes):  # the largest first: the others reuse its memory pool
-            self._run(size)  # warm-up: compiles the Triton kernels, sets up cuBLAS
+        for bucket in self.steps.buckets():
+            self.steps.run(bucket)  # warm-up: compiles the Triton kernels, sets up cuBLAS
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[size] = self._run(size)
+                self.outputs[bucket] = self.steps.run(bucket)
             pool = graph.pool()
-            self.graphs[size] = graph
+            self.graphs[bucket] = graph
         torch.cuda.synchronize(device)
-
-    def _run(self, size: int) -> torch.Tensor:
-        s = self.static
-        return self.model(s.input_ids[:size], s.positions[:size], self.kv_caches, s.meta(size))
 
     def __call__(
         self,
@@ -76,11 +71,9 @@ class DecodeGraphs:
         meta: StepMetadata,
         out_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        n = (meta[0] if isinstance(meta, list) else meta).num_seqs
-        size = padded_size(n, self.sizes) if input_ids.shape[0] == n else None
-        fits = self.static.fits(meta)
-        if size is None or not fits or kv_caches is not self.kv_caches or out_rows is not None:
+        bucket = self.steps.bucket(input_ids, kv_caches, meta, out_rows)
+        if bucket is None:
             return self.model(input_ids, positions, kv_caches, meta, out_rows)
-        self.static.fill(input_ids, positions, meta, size)
-        self.graphs[size].replay()
-        return self.outputs[size][:n]
+        rows = self.steps.fill(bucket, input_ids, positions, meta, out_rows)
+        self.graphs[bucket].replay()
+        return self.outputs[bucket][:rows]

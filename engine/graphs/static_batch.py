@@ -27,6 +27,24 @@ def step_metas(
     return {group: meta[layer] for layer, group in enumerate(layout)}
 
 
+def attention_part(meta: StepMetadata, layout: Sequence[int]) -> AttentionMetadata:
+    """The first ``AttentionMetadata`` of a step's ``meta`` (they share their lengths)."""
+    metas = step_metas(meta, layout)
+    return next(m for m in metas.values() if isinstance(m, AttentionMetadata))
+
+
+def laid_out(
+    metas: dict[int, AttentionMetadata | StateMetadata], layout: tuple[int, ...]
+) -> StepMetadata:
+    """The step metadata of each KV group's (or ``STATE``'s) part, as ``layout`` orders
+    them per layer; empty: group 0's, for every layer."""
+    if not layout:
+        meta = metas[0]
+        assert isinstance(meta, AttentionMetadata)
+        return meta
+    return [metas[group] for group in layout]
+
+
 class StaticDecodeBatch:
     """Input tensors of fixed address for decode batches of up to ``max_size`` sequences,
     each with a block table of ``max_blocks_per_seq`` entries per KV group.
@@ -77,12 +95,12 @@ class StaticDecodeBatch:
             has_initial_state=self.has_initial_state[:size],
             query_start_loc_host=list(range(size + 1)),
         )
-        return self._laid_out(metas)
+        return laid_out(metas, self.layout)
 
     def bound(self, meta: StepMetadata) -> StepMetadata:
         """A filled step's ``meta`` with its device tensors the static ones (its host lengths
         kept)."""
-        n = self._attention(meta).num_seqs
+        n = attention_part(meta, self.layout).num_seqs
         metas: dict[int, AttentionMetadata | StateMetadata] = {}
         for group, part in step_metas(meta, self.layout).items():
             if isinstance(part, StateMetadata):
@@ -100,7 +118,7 @@ class StaticDecodeBatch:
                     seq_lens=self.seq_lens[:n],
                     block_tables=self.block_tables[group, :n],
                 )
-        return self._laid_out(metas)
+        return laid_out(metas, self.layout)
 
     def fits(self, meta: StepMetadata) -> bool:
         """Whether every group's block tables fit the static ones."""
@@ -115,7 +133,7 @@ class StaticDecodeBatch:
         """Copy a decode batch of ``num_seqs <= size`` sequences into the first rows and make
         rows up to ``size`` padding. Block-table columns past the batch's own width keep
         stale ids: they lie past every context and are never read."""
-        attention = self._attention(meta)
+        attention = attention_part(meta, self.layout)
         n = attention.num_seqs
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
@@ -129,14 +147,3 @@ class StaticDecodeBatch:
             self.slot_mapping[group, :n].copy_(part.slot_mapping)
             self.slot_mapping[group, n:size].fill_(-1)
             self.block_tables[group, :n, : part.block_tables.shape[1]].copy_(part.block_tables)
-
-    def _attention(self, meta: StepMetadata) -> AttentionMetadata:
-        metas = step_metas(meta, self.layout)
-        return next(m for m in metas.values() if isinstance(m, AttentionMetadata))
-
-    def _laid_out(self, metas: dict[int, AttentionMetadata | StateMetadata]) -> StepMetadata:
-        if not self.layout:
-            meta = metas[0]
-            assert isinstance(meta, AttentionMetadata)
-            return meta
-        return [metas[group] for group in self.layout]

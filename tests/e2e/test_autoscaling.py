@@ -16,7 +16,8 @@ from real_node import NODE_TIMEOUT, real_node, skip_reason
 
 sys.path.insert(0, str(ROOT / "e2e"))
 from autoscale import run_autoscaling
-from scenarios import SCENARIOS, Context, check_operator_log, diagnostics, run_scenario
+from failure_reports import report_failure
+from scenarios import SCENARIOS, Context, check_operator_log, run_scenario
 
 NODE_SETTINGS = {
     "KVSERVE_NODE_NAME": "kvnode-hpa",
@@ -56,7 +57,7 @@ def test_hpa_scales_on_queue_depth(context: Context) -> None:
         )
         check_operator_log(context)
     except BaseException:
-        print(diagnostics(context), file=sys.stderr)
+        report_failure("autoscaling", context)
         raise
     print(f"ok  autoscaling  {result.summary()}", flush=True)
     assert result.second_ready - result.load_started <= SCALE_UP_BOUND

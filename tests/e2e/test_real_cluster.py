@@ -18,9 +18,10 @@ import pytest
 from k8s.support import BUILD_TIMEOUT, ROOT, KubeTools, inference_pool_crd
 
 sys.path.insert(0, str(ROOT / "e2e"))
+from failure_reports import report_failure
 from leader_worker_group import leader_worker_group_serves_as_one_model
 from real_node import NODE_TIMEOUT, real_node, skip_reason
-from scenarios import SCENARIOS, Context, Scenario, diagnostics, run_scenario
+from scenarios import SCENARIOS, Context, Scenario, run_scenario
 
 ALL = [*SCENARIOS, Scenario("leader-worker-group", leader_worker_group_serves_as_one_model)]
 """``SCENARIOS``, then the multi-node one (e2e/leader_worker_group.py), which imports them."""
@@ -68,5 +69,5 @@ def test_scenario(context: Context, scenario: Scenario, failed: list[str]) -> No
         run_scenario(context, scenario)
     except BaseException:
         failed.append(scenario.name)
-        print(diagnostics(context), file=sys.stderr)
+        report_failure(scenario.name, context)
         raise
