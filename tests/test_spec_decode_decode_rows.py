@@ -20,11 +20,11 @@ PROMPTS = [[11, 12, 13, 14, 15] * 4, [7, 8, 9, 10, 7, 8, 9, 10, 7]]
 
 
 def test_each_row_reads_its_request_blocks_up_to_its_own_position():
-    tables = np.array([[[4, 5, 6], [9, 0, 0]]], dtype=np.int32)
+    tables = np.array([[4, 5, 6], [9, 0, 0]], dtype=np.int32)
     query_lens, seq_lens, rows = as_decode_rows([3, 1], [10, 5], tables)
     assert query_lens == [1, 1, 1, 1]
     assert seq_lens == [8, 9, 10, 5]
-    assert rows.tolist() == [[[4, 5, 6], [4, 5, 6], [4, 5, 6], [9, 0, 0]]]
+    assert rows.tolist() == [[4, 5, 6], [4, 5, 6], [4, 5, 6], [9, 0, 0]]
 
 
 def run(path: str, enforce_eager: bool, speculation: bool):

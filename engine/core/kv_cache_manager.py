@@ -206,10 +206,10 @@ class KVCacheManager:
         """Release the blocks past those of the request's computed tokens, tail first: the
         blocks that only rejected draft tokens used (speculative decoding)."""
         keep = cdiv(request.num_computed_tokens, self.block_size)
-        for table in request.block_tables:
+        for group, table in enumerate(request.block_tables):
             if len(table) > keep:  # every step of every request comes here: mostly not
                 self.pool.free([self.pool.blocks[i] for i in reversed(table[keep:])])
-                del table[keep:]
+                request.block_tables[group] = table[:keep]  # a new list: see Request
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, each table tail first, and its state slot; empty

@@ -29,6 +29,9 @@ class Request:
     their keys and values in the blocks of ``block_tables`` (one block table per KV
     group of the model, append-only while it runs, emptied when it is preempted or ends;
     a sliding-window group's table has the null block where blocks left its window).
+    A table list is only ever appended to, or has leading entries set to the null block
+    (counted by ``num_skipped_blocks``); any other change replaces the list, which is how
+    the runner's ``InputBatch`` tells a table it must copy whole from one it extends.
     ``state_slot`` is its recurrent-state slot (linear-attention models), held from its
     admission to its end or preemption. A preempted request keeps its output tokens and
     recomputes them as prompt.

@@ -20,6 +20,7 @@ from kvserve.engine.core.request import Request
 from kvserve.engine.core.scheduler import SchedulerOutput
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.execution_plan import ExecutionPlan
+from kvserve.engine.executor.input_batch import InputBatch
 from kvserve.engine.executor.kv_pages import layer_caches
 from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
 from kvserve.engine.graphs.cuda_graphs import CUDAGraphs
@@ -67,7 +68,8 @@ class ModelRunner:
 
     The batch is flat and unpadded: the scheduled tokens of every request,
     concatenated in scheduling order. Only the last row of each request that
-    completes its tokens this step goes through the LM head.
+    completes its tokens this step goes through the LM head. The running requests' block
+    tables stay in ``input_batch`` from step to step (rank 0's; ``prepare`` gathers them).
     """
 
     def __init__(
@@ -135,6 +137,9 @@ class ModelRunner:
                 spec = model_config.gated_delta_net.state_spec(tp.size, dtype)
                 for layer in self.linear_layers:
                     self.kv_caches[layer] = spec.allocate(plan.num_state_slots, device)
+        self.input_batch = InputBatch(
+            len(plan.kv_groups), plan.max_num_seqs, plan.max_blocks_per_seq, plan.block_size, device
+        )
         if device.type == "cpu":
             host_allocator.keep_step_memory()
         self.forward: Callable[..., torch.Tensor] = self.model
@@ -194,65 +199,51 @@ class ModelRunner:
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         """The step's inputs; a model of several KV groups gets one ``AttentionMetadata``
         per layer (its group's block tables and slots, the rest shared), and one with
-        linear-attention layers a ``StateMetadata`` for those (each request's state slot)."""
-        bs = self.plan.block_size
-        num_groups = len(self.plan.kv_groups)
-        ids: list[int] = []
-        positions, query_lens, seq_lens = [], [], []
-        slots: list[list[np.ndarray]] = [[] for _ in range(num_groups)]
-        width = max(len(r.block_ids) for r, _ in out.scheduled)
-        tables = np.zeros((num_groups, len(out.scheduled), width), dtype=np.int32)
-        for row, (request, num_new) in enumerate(out.scheduled):
-            start = request.num_computed_tokens
-            ids.extend(out.input_token_ids(request, num_new))
-            pos = np.arange(start, start + num_new)
-            positions.append(pos)
-            for group, block_ids in enumerate(request.block_tables):
-                table = np.asarray(block_ids, dtype=np.int64)
-                slots[group].append(table[pos // bs] * bs + pos % bs)
-                tables[group, row, : len(table)] = table
-            query_lens.append(num_new)
-            seq_lens.append(start + num_new)
-        ends = np.cumsum(query_lens)
-        if self._verifies_as_decodes(out):
-            query_lens, seq_lens, tables = as_decode_rows(query_lens, seq_lens, tables)
+        linear-attention layers a ``StateMetadata`` for those (each request's state slot).
+        Block tables and slots come from the requests' rows of ``input_batch``."""
+        requests = [r for r, _ in out.scheduled]
+        query_lens = [n for _, n in out.scheduled]
+        ids = [t for r, n in out.scheduled for t in out.input_token_ids(r, n)]
+        rows = self.input_batch.rows(requests)
+        lens = np.array(query_lens, dtype=np.int64)
+        starts = np.array([r.num_computed_tokens for r in requests], dtype=np.int64)
+        query_start_loc_host = np.zeros(len(lens) + 1, dtype=np.int64)
+        ends = np.cumsum(lens, out=query_start_loc_host[1:])
         # a request's batch rows hold its positions from num_computed_tokens on, in order
-        offset = {
-            id(r): end - n - r.num_computed_tokens
-            for (r, n), end in zip(out.scheduled, ends, strict=True)
-        }
-        # a sampling request's rows: its last token's, then each of its drafts'
-        sampling = [
-            offset[id(r)] + r.num_tokens_with_placeholders - 1 + j
-            for r in out.sampling_requests
-            for j in range(1 + out.num_drafts(r))
-        ]
-        logits_rows = [np.asarray(sampling, dtype=np.int64)]
-        for request, span in out.prompt_logprob_spans:
-            logits_rows.append(np.arange(span.start, span.stop) + offset[id(request)])
-        rows = np.concatenate(logits_rows)
+        positions = _ranges(starts, lens, len(ids))
+        seq_lens_array = starts + lens
+        seq_lens = seq_lens_array.tolist()
+        token_rows = rows if len(ids) == len(rows) else np.repeat(rows, lens)
+        slots = self.input_batch.slot_mappings(token_rows, positions)
+        table_rows = rows
+        if self._verifies_as_decodes(out):
+            query_lens, seq_lens, table_rows = as_decode_rows(query_lens, seq_lens, rows)
+            query_start_loc_host, seq_lens_array = np.arange(len(ids) + 1), np.array(seq_lens)
+        width = int(self.input_batch.num_blocks[rows].max())
+        tables = self.input_batch.block_tables(table_rows, width)
+        logits_rows, every_row = _logits_rows(out, ends)
         dev = self.plan.device
         lora_rows: np.ndarray | None = None
         lora_fills: list[tuple[int, LoRAAdapter]] = []
         if self.lora is not None:
-            lora_rows, lora_fills = self._lora_rows(out)
-        query_start_loc = to_device(np.concatenate([[0], np.cumsum(query_lens)]), dev, torch.int32)
-        seq_lens_dev = to_device(seq_lens, dev, torch.int32)
+            lora_rows, lora_fills = self._lora_rows(out, lens)
+        query_start_loc = to_device(query_start_loc_host, dev, torch.int32)
+        seq_lens_dev = to_device(seq_lens_array, dev, torch.int32)
         metas = [
             AttentionMetadata(
-                slot_mapping=to_device(np.concatenate(slots[group]), dev),
+                slot_mapping=to_device(slots[group], dev),
                 query_start_loc=query_start_loc,
                 seq_lens=seq_lens_dev,
-                block_tables=to_device(tables[group], dev),
+                block_tables=tables[group],
                 query_lens_host=query_lens,
                 seq_lens_host=seq_lens,
                 max_query_len=max(query_lens),
                 max_seq_len=max(seq_lens),
             )
-            for group in range(num_groups)
+            for group in range(len(tables))
         ]
         meta: StepMetadata = metas[0]
-        if num_groups > 1 or self.linear_layers:
+        if len(metas) > 1 or self.linear_layers:
             meta = [metas[g] for g in self.layer_groups]
             if self.linear_layers:
                 state = self._state_metadata(out, query_start_loc, [0, *ends.tolist()])
@@ -260,10 +251,10 @@ class ModelRunner:
                     meta[layer] = state
         return StepInputs(
             input_ids=to_device(ids, dev, torch.long),
-            positions=to_device(np.concatenate(positions), dev),
+            positions=to_device(positions, dev),
             meta=meta,
-            logits_indices=to_device(rows, dev),
-            every_row=np.array_equal(rows, np.arange(len(ids))),
+            logits_indices=to_device(logits_rows, dev),
+            every_row=every_row,
             lora_rows=lora_rows,
             lora_fills=lora_fills,
         )
@@ -285,21 +276,18 @@ class ModelRunner:
         )
 
     def _lora_rows(
-        self, out: SchedulerOutput
+        self, out: SchedulerOutput, lens: np.ndarray
     ) -> tuple[np.ndarray | None, list[tuple[int, LoRAAdapter]]]:
         """Each row's LoRA slot (None when no request of the step runs under an adapter),
-        and the slot fills that make the step's adapters resident."""
+        and the slot fills that make the step's adapters resident; ``lens``: each
+        request's rows."""
         assert self.lora is not None
         adapters = {r.lora.serial: r.lora for r, _ in out.scheduled if r.lora is not None}
         if not adapters:
             return None, []
         slots, fills = self.lora.assign(list(adapters.values()))
-        return np.concatenate(
-            [
-                np.full(n, -1 if r.lora is None else slots[r.lora.serial], dtype=np.int64)
-                for r, n in out.scheduled
-            ]
-        ), fills
+        per_request = [-1 if r.lora is None else slots[r.lora.serial] for r, _ in out.scheduled]
+        return np.repeat(np.array(per_request, dtype=np.int64), lens), fills
 
     def _state_metadata(
         self, out: SchedulerOutput, query_start_loc: torch.Tensor, starts: list[int]
@@ -409,3 +397,38 @@ class ModelRunner:
         if pp.sends_logits:
             pp.send_logits(logits)
         return logits
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
+    """``arange(starts[i], starts[i] + counts[i])`` for each ``i``, concatenated; ``total``:
+    the sum of ``counts`` (each at least 1), which is ``starts`` itself when every count is 1
+    (a decode step)."""
+    if total == len(counts):
+        return starts
+    firsts = np.cumsum(counts) - counts
+    return np.repeat(starts - firsts, counts) + np.arange(total)
+
+
+def _logits_rows(out: SchedulerOutput, ends: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The batch rows whose logits the step returns: each sampling request's last token's
+    and, after it, each of its drafts' (its rows' last ones), in batch order; then the rows
+    of ``out.prompt_logprob_spans``. And whether they are every row, in order. ``ends``:
+    each scheduled request's rows' end."""
+    scheduled = out.scheduled
+    rows = ends - 1  # when every request samples without drafts: each one's last row
+    if out.spec_token_ids or len(out.sampling_requests) < len(scheduled):
+        drafts = np.array([out.num_drafts(r) for r, _ in scheduled], dtype=np.int64)
+        sampling = {id(r) for r in out.sampling_requests}
+        mask = np.array([id(r) in sampling for r, _ in scheduled], dtype=bool)
+        rows = _ranges((rows - drafts)[mask], (drafts + 1)[mask], out.num_sampling_rows)
+    num_rows = int(ends[-1])
+    if not out.prompt_logprob_spans:
+        return rows, len(rows) == num_rows  # increasing: as many as the batch's, all of them
+    # a request's rows hold its positions from num_computed_tokens on
+    first = {
+        id(r): end - n - r.num_computed_tokens
+        for (r, n), end in zip(scheduled, ends.tolist(), strict=True)
+    }
+    spans = [np.arange(s.start, s.stop) + first[id(r)] for r, s in out.prompt_logprob_spans]
+    rows = np.concatenate([rows, *spans])
+    return rows, np.array_equal(rows, np.arange(num_rows))

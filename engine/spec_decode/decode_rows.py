@@ -14,7 +14,8 @@ import numpy as np
 def as_decode_rows(
     query_lens: list[int], seq_lens: list[int], tables: np.ndarray
 ) -> tuple[list[int], list[int], np.ndarray]:
-    """Query lengths (all 1), sequence lengths and block tables (``[groups, sequences,
-    width]``) of the step's sequences as one sequence per row."""
+    """Query lengths (all 1), sequence lengths and block tables of the step's sequences as
+    one sequence per row; ``tables``: each sequence's block table (``[sequences, width]``)
+    or its row of them (``[sequences]``: the runner's ``InputBatch`` rows)."""
     rows = [end - q + 1 + j for q, end in zip(query_lens, seq_lens, strict=True) for j in range(q)]
-    return [1] * len(rows), rows, np.repeat(tables, query_lens, axis=1)
+    return [1] * len(rows), rows, np.repeat(tables, query_lens, axis=0)
