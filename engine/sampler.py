@@ -4,6 +4,7 @@ import itertools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kvserve.engine.core.outputs import Logprob
@@ -11,7 +12,7 @@ from kvserve.engine.core.request import Request
 from kvserve.engine.device_copy import to_device
 from kvserve.engine.host_copy import to_host, to_host_packed
 from kvserve.engine.kernels.row_argmax import row_argmax
-from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.sampling_rows import GREEDY, MIN_P, TEMPERATURE, TOP_K, TOP_P, StepParams
 from kvserve.engine.sampling_state import SamplingState, StepRows
 from kvserve.engine.structured.bitmask import apply_grammar_masks
 
@@ -61,7 +62,9 @@ class Sampler:
     the argmax; the others apply temperature, top-k, top-p and min-p as masks, and draw
     with the exponential race (argmax of probs / Exp(1) noise). Seeded rows draw their
     noise from their own generator, so a seed fixes the output whatever else is batched.
-    Which filters run is decided from the host-side parameters: no device sync.
+    Their parameters are the rows' ``StepParams`` (gathered by row from ``state.params``,
+    written once a request); which filters run is decided from its host copy: no device
+    sync.
     Log-probabilities come from the raw logits (see ``SamplingParams``)."""
 
     def __init__(
@@ -82,7 +85,7 @@ class Sampler:
         for, in one device → host copy that carries the 2-D tables of ``also`` too (the
         step's prompt log-probabilities)."""
         rows = self.state.rows(requests) if rows is None else rows
-        tokens = self._sample(self.adjust_logits(logits, requests, rows), requests)
+        tokens = self._sample(self.adjust_logits(logits, requests, rows), requests, rows.params)
         wanted = [r.params.logprobs for r in requests]
         num_top = [n or 0 for n in wanted]
         asked = any(n is not None for n in wanted)
@@ -157,13 +160,15 @@ class Sampler:
             logits = apply_grammar_masks(logits.clone() if wants_raw else logits, grammars)
         return logits
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        params = [r.params for r in requests]
-        if all(p.greedy for p in params):
+    def _sample(
+        self, logits: torch.Tensor, requests: list[Request], params: StepParams
+    ) -> torch.Tensor:
+        host = params.host
+        if host[:, GREEDY].all():
             return row_argmax(logits)
         device = logits.device
-        temps = to_device([1.0 if p.greedy else p.temperature for p in params], device)
-        logits = self._filter(logits / temps[:, None], params)
+        columns = params.columns(device)
+        logits = self._filter(logits / columns[:, TEMPERATURE, None].float(), host, columns)
         probs = torch.softmax(logits, dim=-1)
         noise = torch.empty_like(probs).exponential_()
         for row, request in enumerate(requests):
@@ -171,26 +176,27 @@ class Sampler:
                 row_noise = torch.empty(probs.shape[1]).exponential_(generator=request.generator)
                 noise[row] = to_device(row_noise, device)
         sampled = row_argmax(probs / noise)
-        greedy = to_device([p.greedy for p in params], device)
-        return torch.where(greedy, row_argmax(logits), sampled)
+        return torch.where(columns[:, GREEDY] != 0, row_argmax(logits), sampled)
 
     @staticmethod
-    def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    def _filter(logits: torch.Tensor, host: np.ndarray, columns: torch.Tensor) -> torch.Tensor:
+        """Top-k, top-p and min-p of the rows' parameters (``StepParams``: ``host`` decides
+        which run, ``columns`` is the same on the logits' device)."""
         device, vocab = logits.device, logits.shape[1]
-        if any(0 < p.top_k < vocab or p.top_p < 1 for p in params):
-            top_k = to_device(
-                [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device
-            )
-            top_p = to_device([p.top_p for p in params], device)
+        top_k = host[:, TOP_K]
+        if (((top_k > 0) & (top_k < vocab)) | (host[:, TOP_P] < 1)).any():
+            k = columns[:, TOP_K].long()
+            k = torch.where((k > 0) & (k < vocab), k, vocab)
+            top_p = columns[:, TOP_P].float()
             sorted_logits, order = logits.sort(dim=-1, descending=True)
             ranks = torch.arange(vocab, device=device)[None, :]
-            drop = ranks >= top_k[:, None]
+            drop = ranks >= k[:, None]
             sorted_probs = sorted_logits.masked_fill(drop, -torch.inf).softmax(dim=-1)
             drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p[:, None]
             drop[:, 0] = False  # a top_p below float32's range rounds to 0: keep the top token
             logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, -torch.inf))
-        if any(p.min_p > 0 for p in params):
-            min_p = to_device([p.min_p for p in params], device)
+        if (host[:, MIN_P] > 0).any():
+            min_p = columns[:, MIN_P].float()
             probs = logits.softmax(dim=-1)
             threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
             logits = logits.masked_fill(probs < threshold, -torch.inf)

@@ -7,6 +7,7 @@ import torch
 
 from kvserve.engine.core.request import Request
 from kvserve.engine.device_copy import to_device
+from kvserve.engine.sampling_rows import ParamRows, StepParams
 
 NULL_SLOT = 0  # the row of every request that keeps no history: always zero, never written
 SLOT_CHUNK = 16  # the state grows by this many slots at a time
@@ -47,6 +48,9 @@ class SamplingState:
     allocated). 64 penalised requests on a 128,256-token vocabulary (Llama 3): 80 slots,
     51 MB; 256: 272 slots, 174 MB.
 
+    Every request that samples also holds a row of ``params`` (``ParamRows``: its sampling
+    parameters, written once), handed out and given back with its slot.
+
     Threads: slots are handed out (``rows``) and given back (``free``, when the request
     finishes, is aborted or preempted) on the engine thread; the tensors are written only
     by ``StepRows``, where the step samples (the step thread under async scheduling), one
@@ -59,6 +63,8 @@ class SamplingState:
         self._slots: dict[str, int] = {}  # by request id
         self._free: list[int] = []
         self._next = NULL_SLOT + 1
+        self.params = ParamRows()
+        self._param_rows: dict[str, int] = {}  # by request id
         self.counts: torch.Tensor | None = None
         self.prompt_seen: torch.Tensor | None = None
         self.num_outputs: torch.Tensor | None = None
@@ -74,9 +80,15 @@ class SamplingState:
     def rows(self, requests: list[Request]) -> "StepRows":
         """The slot of each of ``requests`` (a sampling call's rows, in order), giving one to
         each that keeps a history and holds none yet, set from its tokens on the host (all
-        there: a request starts sampling with no token in flight)."""
-        slots, inits = [], []
+        there: a request starts sampling with no token in flight), and of each its row of
+        ``params``, taking one for a request that holds none."""
+        slots, inits, param_rows = [], [], []
         for request in requests:
+            param_row = self._param_rows.get(request.request_id)
+            if param_row is None:
+                param_row = self.params.take(request.params)
+                self._param_rows[request.request_id] = param_row
+            param_rows.append(param_row)
             slot = self._slots.get(request.request_id, NULL_SLOT)
             if slot == NULL_SLOT and keeps_history(request):
                 if request.num_output_placeholders:
@@ -88,10 +100,13 @@ class SamplingState:
                 seen = request.prompt_token_ids if request.params.repetition_penalty != 1 else []
                 inits.append(SlotInit(slot, list(seen), request.output_token_ids))
             slots.append(slot)
-        return StepRows(self, slots, inits)
+        return StepRows(self, slots, inits, self.params.step(param_rows))
 
     def free(self, request: Request) -> None:
-        """``request`` no longer runs: its slot, if any, goes back."""
+        """``request`` no longer runs: its slot and row of ``params``, if any, go back."""
+        param_row = self._param_rows.pop(request.request_id, None)
+        if param_row is not None:
+            self.params.give_back(param_row)
         slot = self._slots.pop(request.request_id, None)
         if slot is not None:
             self._free.append(slot)
@@ -124,12 +139,15 @@ class StepRows:
     """A sampling call's rows of a ``SamplingState``: built on the engine thread
     (``SamplingState.rows``), read and written where the call samples. The first read sets
     the rows of the slots handed out for it; ``record`` adds the sampled tokens, once the
-    call can no longer fail."""
+    call can no longer fail. ``params``: the rows' sampling parameters."""
 
-    def __init__(self, state: SamplingState, slots: list[int], inits: list[SlotInit]) -> None:
+    def __init__(
+        self, state: SamplingState, slots: list[int], inits: list[SlotInit], params: StepParams
+    ) -> None:
         self.state = state
         self.slots = slots
         self.inits = inits
+        self.params = params
         self._index: torch.Tensor | None = None
         self._counts: torch.Tensor | None = None
         self._present: torch.Tensor | None = None
@@ -137,7 +155,8 @@ class StepRows:
     def row(self, i: int) -> "StepRows":
         """Row ``i`` alone (a batch sampled again row by row)."""
         slot = self.slots[i]
-        return StepRows(self.state, [slot], [init for init in self.inits if init.slot == slot])
+        inits = [init for init in self.inits if init.slot == slot]
+        return StepRows(self.state, [slot], inits, self.params.row(i))
 
     def counts(self, logits: torch.Tensor) -> torch.Tensor:
         """Each row's output-token counts, float32 ``[rows, vocab]``."""

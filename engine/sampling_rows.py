@@ -1,0 +1,112 @@
+"""Each running request's sampling parameters in a row, written once when the request gets
+the row (they never change for a request), so that a step's temperature, top-k, top-p,
+min-p and greedy columns are gathered by row instead of rebuilt from every request."""
+
+from collections import deque
+
+import numpy as np
+import torch
+
+from kvserve.engine.device_copy import to_device
+from kvserve.engine.sampling_params import SamplingParams
+
+TEMPERATURE, TOP_K, TOP_P, MIN_P, GREEDY = range(5)  # the columns of a row
+ROW_CHUNK = 16  # the rows grow by this many at a time
+
+
+def param_row(params: SamplingParams) -> list[float]:
+    """``params`` as a row: float64 holds each exactly (top-k up to ``MAX_TOP_K``; the
+    float32 columns the sampler reads round from it as they would from the Python float).
+    A greedy row's temperature is 1, so that dividing the batch by it leaves the row as
+    it is."""
+    greedy = params.greedy
+    temperature = 1.0 if greedy else params.temperature
+    return [temperature, params.top_k, params.top_p, params.min_p, float(greedy)]
+
+
+class ParamRows:
+    """``host[row]``: the parameters (``param_row``) of the request holding ``row``, float64
+    ``[rows, 5]``; on a device other than the CPU, ``on_device`` is a copy there (on the
+    CPU, None: a step's columns come from its host gather).
+
+    Rows are handed out (``take``) and given back on the engine thread (``SamplingState``
+    does, with its slots), and ``host`` is written only there. A row's write reaches
+    ``on_device`` where steps sample (the step thread under async scheduling), in the
+    first step that reads the device columns and was built after it (``StepParams``):
+    a row given back while a step in flight still reads its old owner's parameters is
+    written for its new owner only after that read."""
+
+    def __init__(self) -> None:
+        self.host = np.zeros((0, 5), dtype=np.float64)
+        self.on_device: torch.Tensor | None = None
+        self._free: list[int] = []
+        self._steps = 0  # sampling calls built
+        self._pending: deque[tuple[int, int, np.ndarray]] = deque()  # (call, row, values)
+
+    def take(self, params: SamplingParams) -> int:
+        """A free row, set to ``params``."""
+        if not self._free:
+            have = self.host.shape[0]
+            self.host = np.concatenate([self.host, np.zeros((ROW_CHUNK, 5))])
+            self._free = list(range(have + ROW_CHUNK - 1, have - 1, -1))  # lowest first
+        row = self._free.pop()
+        self.host[row] = values = param_row(params)
+        self._pending.append((self._steps, row, np.array(values)))
+        return row
+
+    def give_back(self, row: int) -> None:
+        self._free.append(row)
+
+    def step(self, rows: list[int]) -> "StepParams":
+        """The columns of a sampling call of ``rows`` (taken before this call)."""
+        self._steps += 1
+        return StepParams(self, rows, self._steps, self.host[rows])
+
+    def device_rows(self, index: torch.Tensor, call: int) -> torch.Tensor:
+        """``on_device``'s rows at ``index``, after the writes of rows taken for the calls up
+        to ``call`` (``on_device`` grown to ``host``'s size first, keeping its rows)."""
+        device = index.device
+        have = 0 if self.on_device is None else self.on_device.shape[0]
+        if have < self.host.shape[0]:
+            grown = torch.zeros(self.host.shape, dtype=torch.float64, device=device)
+            if self.on_device is not None:
+                grown[:have] = self.on_device
+            self.on_device = grown
+        assert self.on_device is not None
+        writes = []
+        while self._pending and self._pending[0][0] < call:
+            writes.append(self._pending.popleft())
+        if writes:
+            rows = to_device([row for _, row, _ in writes], device, torch.long)
+            values = to_device(np.stack([v for _, _, v in writes]), device)
+            self.on_device.index_copy_(0, rows, values)
+        return self.on_device.index_select(0, index)
+
+
+class StepParams:
+    """A sampling call's parameter columns: ``host``, its rows' parameters gathered on the
+    engine thread when the call's rows were handed out (the call's own copy: later changes
+    to the rows never reach it); which filters run is decided from it, with no device
+    sync. ``columns`` gives them on the device: on the CPU from ``host``; elsewhere
+    gathered from ``ParamRows.on_device``."""
+
+    def __init__(self, table: ParamRows, rows: list[int], call: int, host: np.ndarray) -> None:
+        self.table = table
+        self.rows = rows
+        self.call = call
+        self.host = host
+        self._device: torch.Tensor | None = None
+
+    def row(self, i: int) -> "StepParams":
+        """Row ``i`` alone."""
+        return StepParams(self.table, [self.rows[i]], self.call, self.host[i : i + 1])
+
+    def columns(self, device: torch.device) -> torch.Tensor:
+        """``host`` on ``device`` (float64 ``[rows, 5]``)."""
+        if self._device is None:
+            if device.type == "cpu":
+                self._device = torch.from_numpy(self.host)
+            else:
+                index = to_device(self.rows, device, torch.long)
+                self._device = self.table.device_rows(index, self.call)
+        return self._device
