@@ -163,12 +163,11 @@ class Sampler:
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], params: StepParams
     ) -> torch.Tensor:
-        host = params.host
-        if host[:, GREEDY].all():
+        if params.host[:, GREEDY].all():
             return row_argmax(logits)
         device = logits.device
-        columns = params.columns(device)
-        logits = self._filter(logits / columns[:, TEMPERATURE, None].float(), host, columns)
+        temperatures = params.column(TEMPERATURE, np.float32, device)
+        logits = self._filter(logits / temperatures[:, None], params)
         probs = torch.softmax(logits, dim=-1)
         noise = torch.empty_like(probs).exponential_()
         for row, request in enumerate(requests):
@@ -176,27 +175,25 @@ class Sampler:
                 row_noise = torch.empty(probs.shape[1]).exponential_(generator=request.generator)
                 noise[row] = to_device(row_noise, device)
         sampled = row_argmax(probs / noise)
-        return torch.where(columns[:, GREEDY] != 0, row_argmax(logits), sampled)
+        greedy = params.column(GREEDY, np.bool_, device)
+        return torch.where(greedy, row_argmax(logits), sampled)
 
     @staticmethod
-    def _filter(logits: torch.Tensor, host: np.ndarray, columns: torch.Tensor) -> torch.Tensor:
-        """Top-k, top-p and min-p of the rows' parameters (``StepParams``: ``host`` decides
-        which run, ``columns`` is the same on the logits' device)."""
-        device, vocab = logits.device, logits.shape[1]
-        top_k = host[:, TOP_K]
-        if (((top_k > 0) & (top_k < vocab)) | (host[:, TOP_P] < 1)).any():
-            k = columns[:, TOP_K].long()
-            k = torch.where((k > 0) & (k < vocab), k, vocab)
-            top_p = columns[:, TOP_P].float()
+    def _filter(logits: torch.Tensor, params: StepParams) -> torch.Tensor:
+        """Top-k, top-p and min-p, each where a row of ``params.host`` asks for it."""
+        device, vocab, host = logits.device, logits.shape[1], params.host
+        if ((host[:, TOP_K] < vocab) | (host[:, TOP_P] < 1)).any():
+            top_k = params.column(TOP_K, np.int64, device).clamp(max=vocab)
+            top_p = params.column(TOP_P, np.float32, device)
             sorted_logits, order = logits.sort(dim=-1, descending=True)
             ranks = torch.arange(vocab, device=device)[None, :]
-            drop = ranks >= k[:, None]
+            drop = ranks >= top_k[:, None]
             sorted_probs = sorted_logits.masked_fill(drop, -torch.inf).softmax(dim=-1)
             drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p[:, None]
             drop[:, 0] = False  # a top_p below float32's range rounds to 0: keep the top token
             logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, -torch.inf))
         if (host[:, MIN_P] > 0).any():
-            min_p = columns[:, MIN_P].float()
+            min_p = params.column(MIN_P, np.float32, device)
             probs = logits.softmax(dim=-1)
             threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
             logits = logits.masked_fill(probs < threshold, -torch.inf)

@@ -8,20 +8,23 @@ import numpy as np
 import torch
 
 from kvserve.engine.device_copy import to_device
-from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.sampling_params import MAX_TOP_K, SamplingParams
 
 TEMPERATURE, TOP_K, TOP_P, MIN_P, GREEDY = range(5)  # the columns of a row
 ROW_CHUNK = 16  # the rows grow by this many at a time
+TORCH_DTYPES = {np.float32: torch.float32, np.int64: torch.int64, np.bool_: torch.bool}
 
 
 def param_row(params: SamplingParams) -> list[float]:
     """``params`` as a row: float64 holds each exactly (top-k up to ``MAX_TOP_K``; the
     float32 columns the sampler reads round from it as they would from the Python float).
     A greedy row's temperature is 1, so that dividing the batch by it leaves the row as
-    it is."""
+    it is; no top-k (0 or less) is ``MAX_TOP_K``, so that a row keeps ``min(top_k, vocab)``
+    tokens."""
     greedy = params.greedy
     temperature = 1.0 if greedy else params.temperature
-    return [temperature, params.top_k, params.top_p, params.min_p, float(greedy)]
+    top_k = params.top_k if params.top_k > 0 else MAX_TOP_K
+    return [temperature, top_k, params.top_p, params.min_p, float(greedy)]
 
 
 class ParamRows:
@@ -87,8 +90,7 @@ class StepParams:
     """A sampling call's parameter columns: ``host``, its rows' parameters gathered on the
     engine thread when the call's rows were handed out (the call's own copy: later changes
     to the rows never reach it); which filters run is decided from it, with no device
-    sync. ``columns`` gives them on the device: on the CPU from ``host``; elsewhere
-    gathered from ``ParamRows.on_device``."""
+    sync. ``column`` gives one on the device."""
 
     def __init__(self, table: ParamRows, rows: list[int], call: int, host: np.ndarray) -> None:
         self.table = table
@@ -101,12 +103,12 @@ class StepParams:
         """Row ``i`` alone."""
         return StepParams(self.table, [self.rows[i]], self.call, self.host[i : i + 1])
 
-    def columns(self, device: torch.device) -> torch.Tensor:
-        """``host`` on ``device`` (float64 ``[rows, 5]``)."""
+    def column(self, which: int, dtype: type[np.generic], device: torch.device) -> torch.Tensor:
+        """Column ``which`` of ``host`` as ``dtype`` on ``device``: on the CPU converted from
+        ``host``; elsewhere gathered from ``ParamRows.on_device`` (one gather a call)."""
+        if device.type == "cpu":
+            return torch.from_numpy(self.host[:, which].astype(dtype))
         if self._device is None:
-            if device.type == "cpu":
-                self._device = torch.from_numpy(self.host)
-            else:
-                index = to_device(self.rows, device, torch.long)
-                self._device = self.table.device_rows(index, self.call)
-        return self._device
+            index = to_device(self.rows, device, torch.long)
+            self._device = self.table.device_rows(index, self.call)
+        return self._device[:, which].to(TORCH_DTYPES[dtype])

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from kvserve.engine.sampler import Sampler
+from kvserve.engine.sampling_params import MAX_TOP_K
 from kvserve.engine.sampling_rows import GREEDY, TEMPERATURE, TOP_K, TOP_P, param_row
 from kvserve.engine.sampling_state import SamplingState
 
@@ -18,7 +19,7 @@ def test_rows_are_filled_when_taken_and_freed_with_their_request():
     b = make_request(2, temperature=0)
     step = state.rows([a, b]).params
     assert step.rows == [0, 1]
-    assert step.host.tolist() == [[0.7, 5, 0.9, 0.1, 0.0], [1.0, 0, 1.0, 0.0, 1.0]]
+    assert step.host.tolist() == [[0.7, 5, 0.9, 0.1, 0.0], [1.0, MAX_TOP_K, 1.0, 0.0, 1.0]]
     assert state.rows([b, a]).params.rows == [1, 0]  # held from call to call
     state.free(a)
     c = make_request(2, temperature=1.5, top_p=0.5)
@@ -64,7 +65,7 @@ def test_the_device_copy_takes_a_row_write_only_in_the_calls_built_after_it():
     read_first = state.params.device_rows(index, first.call)
     read_second = state.params.device_rows(index, second.call)
     assert read_first[0, [TEMPERATURE, TOP_K, GREEDY]].tolist() == [0.5, 4, 0]
-    assert read_second[0, [TEMPERATURE, TOP_K, GREEDY]].tolist() == [1.0, 0, 1]
+    assert read_second[0, [TEMPERATURE, TOP_K, GREEDY]].tolist() == [1.0, MAX_TOP_K, 1]
     assert np.array_equal(read_second.numpy(), second.host)
 
 
