@@ -30,7 +30,8 @@ def param_row(params: SamplingParams) -> list[float]:
 class ParamRows:
     """``host[row]``: the parameters (``param_row``) of the request holding ``row``, float64
     ``[rows, 5]``; on a device other than the CPU, ``on_device`` is a copy there (on the
-    CPU, None: a step's columns come from its host gather).
+    CPU, None: a step's columns come from its host gather, unless ``copy_on_cpu``, which
+    runs the device path there).
 
     Rows are handed out (``take``) and given back on the engine thread (``SamplingState``
     does, with its slots), and ``host`` is written only there. A row's write reaches
@@ -42,6 +43,7 @@ class ParamRows:
     def __init__(self) -> None:
         self.host = np.zeros((0, 5), dtype=np.float64)
         self.on_device: torch.Tensor | None = None
+        self.copy_on_cpu = False
         self._free: list[int] = []
         self._steps = 0  # sampling calls built
         self._pending: deque[tuple[int, int, np.ndarray]] = deque()  # (call, row, values)
@@ -106,7 +108,7 @@ class StepParams:
     def column(self, which: int, dtype: type[np.generic], device: torch.device) -> torch.Tensor:
         """Column ``which`` of ``host`` as ``dtype`` on ``device``: on the CPU converted from
         ``host``; elsewhere gathered from ``ParamRows.on_device`` (one gather a call)."""
-        if device.type == "cpu":
+        if device.type == "cpu" and not self.table.copy_on_cpu:
             return torch.from_numpy(self.host[:, which].astype(dtype))
         if self._device is None:
             index = to_device(self.rows, device, torch.long)

@@ -77,3 +77,33 @@ def test_rows_grow_past_a_chunk_keeping_the_rows_held():
     assert state.params.host.shape == (32, 5)
     assert step.host[:, TOP_P].tolist() == [(i + 1) / 40 for i in range(20)]
     assert np.array_equal(state.params.device_rows(torch.arange(20), step.call), step.host)
+
+
+def test_the_device_copy_path_samples_exactly_the_host_paths_tokens():
+    """Call after call, as requests finish and others take their rows, a sampler reading
+    its columns from the device copy (run on the CPU) gives exactly the host path's tokens."""
+    kinds = [
+        {"temperature": 0},
+        {"temperature": 0.7, "top_k": 3},
+        {"temperature": 1.3, "top_p": 0.6},
+        {"temperature": 0.9, "min_p": 0.2},
+        {"temperature": 1.0, "top_k": 5, "top_p": 0.8, "min_p": 0.05},
+    ]
+    host, copied = Sampler(), Sampler()
+    copied.state.params.copy_on_cpu = True
+    generator = torch.Generator().manual_seed(1)
+    live: list[tuple] = []
+    tokens: dict[str, list[list[int]]] = {"host": [], "copied": []}
+    for call in range(12):
+        if len(live) > 2:  # the oldest finishes: its row goes to the next request
+            for sampler, request in zip((host, copied), live.pop(0), strict=True):
+                sampler.state.free(request)
+        kind = kinds[call % len(kinds)]
+        live.append(tuple(make_request(2, seed=call, **kind) for _ in range(2)))
+        logits = torch.randn(len(live), 20, generator=generator) * 3
+        for name, sampler, side in (("host", host, 0), ("copied", copied, 1)):
+            requests = [pair[side] for pair in live]
+            tokens[name].append(sampler(logits, requests).token_ids)
+    assert copied.state.params.on_device is not None and host.state.params.on_device is None
+    assert tokens["copied"] == tokens["host"]
+    assert len({t for call in tokens["host"] for t in call}) > 3
