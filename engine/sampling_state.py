@@ -60,11 +60,10 @@ class SamplingState:
     """
 
     def __init__(self) -> None:
-        self._slots: dict[str, int] = {}  # by request id
+        self._held: dict[str, tuple[int, int]] = {}  # by request id: (row of params, slot)
         self._free: list[int] = []
         self._next = NULL_SLOT + 1
         self.params = ParamRows()
-        self._param_rows: dict[str, int] = {}  # by request id
         self.counts: torch.Tensor | None = None
         self.prompt_seen: torch.Tensor | None = None
         self.num_outputs: torch.Tensor | None = None
@@ -72,44 +71,48 @@ class SamplingState:
     @property
     def num_held(self) -> int:
         """Slots held by requests now."""
-        return len(self._slots)
+        return sum(slot != NULL_SLOT for _, slot in self._held.values())
 
     def slot_of(self, request: Request) -> int | None:
-        return self._slots.get(request.request_id)
+        held = self._held.get(request.request_id)
+        return None if held is None or held[1] == NULL_SLOT else held[1]
 
     def rows(self, requests: list[Request]) -> "StepRows":
-        """The slot of each of ``requests`` (a sampling call's rows, in order), giving one to
-        each that keeps a history and holds none yet, set from its tokens on the host (all
-        there: a request starts sampling with no token in flight), and of each its row of
-        ``params``, taking one for a request that holds none."""
-        slots, inits, param_rows = [], [], []
+        """The slot and row of ``params`` of each of ``requests`` (a sampling call's rows, in
+        order), handed out to a request that holds none yet: a row of ``params`` to each,
+        and a slot to each that keeps a history, set from its tokens on the host (all
+        there: a request starts sampling with no token in flight)."""
+        param_rows, slots, inits = [], [], []
         for request in requests:
-            param_row = self._param_rows.get(request.request_id)
-            if param_row is None:
-                param_row = self.params.take(request.params)
-                self._param_rows[request.request_id] = param_row
-            param_rows.append(param_row)
-            slot = self._slots.get(request.request_id, NULL_SLOT)
-            if slot == NULL_SLOT and keeps_history(request):
-                if request.num_output_placeholders:
-                    raise RuntimeError(
-                        f"request {request.request_id} takes a sampling slot with tokens in flight"
-                    )
-                slot = self._free.pop() if self._free else self._take_new()
-                self._slots[request.request_id] = slot
-                seen = request.prompt_token_ids if request.params.repetition_penalty != 1 else []
-                inits.append(SlotInit(slot, list(seen), request.output_token_ids))
-            slots.append(slot)
+            held = self._held.get(request.request_id)
+            if held is None:
+                held = self._hold(request, inits)
+            param_rows.append(held[0])
+            slots.append(held[1])
         return StepRows(self, slots, inits, self.params.step(param_rows))
 
+    def _hold(self, request: Request, inits: list[SlotInit]) -> tuple[int, int]:
+        """A row of ``params`` for ``request``, and a slot if it keeps a history (its init
+        added to ``inits``)."""
+        slot = NULL_SLOT
+        if keeps_history(request):
+            if request.num_output_placeholders:
+                raise RuntimeError(
+                    f"request {request.request_id} takes a sampling slot with tokens in flight"
+                )
+            slot = self._free.pop() if self._free else self._take_new()
+            seen = request.prompt_token_ids if request.params.repetition_penalty != 1 else []
+            inits.append(SlotInit(slot, list(seen), request.output_token_ids))
+        held = self._held[request.request_id] = (self.params.take(request.params), slot)
+        return held
+
     def free(self, request: Request) -> None:
-        """``request`` no longer runs: its slot and row of ``params``, if any, go back."""
-        param_row = self._param_rows.pop(request.request_id, None)
-        if param_row is not None:
-            self.params.give_back(param_row)
-        slot = self._slots.pop(request.request_id, None)
-        if slot is not None:
-            self._free.append(slot)
+        """``request`` no longer runs: its row of ``params`` and its slot, if any, go back."""
+        held = self._held.pop(request.request_id, None)
+        if held is not None:
+            self.params.give_back(held[0])
+            if held[1] != NULL_SLOT:
+                self._free.append(held[1])
 
     def _take_new(self) -> int:
         slot, self._next = self._next, self._next + 1
