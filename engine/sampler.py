@@ -163,7 +163,7 @@ class Sampler:
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], params: StepParams
     ) -> torch.Tensor:
-        if params.host[:, GREEDY].all():
+        if params.greedy:
             return row_argmax(logits)
         device = logits.device
         temperatures = params.column(TEMPERATURE, np.float32, device)

@@ -62,10 +62,11 @@ class ParamRows:
     def give_back(self, row: int) -> None:
         self._free.append(row)
 
-    def step(self, rows: list[int]) -> "StepParams":
-        """The columns of a sampling call of ``rows`` (taken before this call)."""
+    def step(self, rows: list[int], greedy: bool) -> "StepParams":
+        """The columns of a sampling call of ``rows`` (taken before this call; ``greedy``:
+        whether every one of them is greedy)."""
         self._steps += 1
-        return StepParams(self, rows, self._steps, self.host[rows])
+        return StepParams(self, rows, self._steps, self.host[rows], greedy)
 
     def device_rows(self, index: torch.Tensor, call: int) -> torch.Tensor:
         """``on_device``'s rows at ``index``, after the writes of rows taken for the calls up
@@ -92,18 +93,24 @@ class StepParams:
     """A sampling call's parameter columns: ``host``, its rows' parameters gathered on the
     engine thread when the call's rows were handed out (the call's own copy: later changes
     to the rows never reach it); which filters run is decided from it, with no device
-    sync. ``column`` gives one on the device."""
+    sync. ``column`` gives one on the device. ``greedy``: whether every row is greedy,
+    known without reading ``host`` (a numpy reduction right after a forward costs several
+    µs on a CPU whose caches the forward emptied)."""
 
-    def __init__(self, table: ParamRows, rows: list[int], call: int, host: np.ndarray) -> None:
+    def __init__(
+        self, table: ParamRows, rows: list[int], call: int, host: np.ndarray, greedy: bool
+    ) -> None:
         self.table = table
         self.rows = rows
         self.call = call
         self.host = host
+        self.greedy = greedy
         self._device: torch.Tensor | None = None
 
     def row(self, i: int) -> "StepParams":
         """Row ``i`` alone."""
-        return StepParams(self.table, [self.rows[i]], self.call, self.host[i : i + 1])
+        host = self.host[i : i + 1]
+        return StepParams(self.table, [self.rows[i]], self.call, host, bool(host[0, GREEDY]))
 
     def column(self, which: int, dtype: type[np.generic], device: torch.device) -> torch.Tensor:
         """Column ``which`` of ``host`` as ``dtype`` on ``device``: on the CPU converted from

@@ -60,7 +60,8 @@ class SamplingState:
     """
 
     def __init__(self) -> None:
-        self._held: dict[str, tuple[int, int]] = {}  # by request id: (row of params, slot)
+        # by request id: its row of params, its slot, whether it samples greedily
+        self._held: dict[str, tuple[int, int, bool]] = {}
         self._free: list[int] = []
         self._next = NULL_SLOT + 1
         self.params = ParamRows()
@@ -71,7 +72,7 @@ class SamplingState:
     @property
     def num_held(self) -> int:
         """Slots held by requests now."""
-        return sum(slot != NULL_SLOT for _, slot in self._held.values())
+        return sum(slot != NULL_SLOT for _, slot, _ in self._held.values())
 
     def slot_of(self, request: Request) -> int | None:
         held = self._held.get(request.request_id)
@@ -82,16 +83,20 @@ class SamplingState:
         order), handed out to a request that holds none yet: a row of ``params`` to each,
         and a slot to each that keeps a history, set from its tokens on the host (all
         there: a request starts sampling with no token in flight)."""
-        param_rows, slots, inits = [], [], []
+        param_rows: list[int] = []
+        slots: list[int] = []
+        inits: list[SlotInit] = []
+        greedy = True
         for request in requests:
             held = self._held.get(request.request_id)
             if held is None:
                 held = self._hold(request, inits)
             param_rows.append(held[0])
             slots.append(held[1])
-        return StepRows(self, slots, inits, self.params.step(param_rows))
+            greedy = greedy and held[2]
+        return StepRows(self, slots, inits, self.params.step(param_rows, greedy))
 
-    def _hold(self, request: Request, inits: list[SlotInit]) -> tuple[int, int]:
+    def _hold(self, request: Request, inits: list[SlotInit]) -> tuple[int, int, bool]:
         """A row of ``params`` for ``request``, and a slot if it keeps a history (its init
         added to ``inits``)."""
         slot = NULL_SLOT
@@ -103,7 +108,8 @@ class SamplingState:
             slot = self._free.pop() if self._free else self._take_new()
             seen = request.prompt_token_ids if request.params.repetition_penalty != 1 else []
             inits.append(SlotInit(slot, list(seen), request.output_token_ids))
-        held = self._held[request.request_id] = (self.params.take(request.params), slot)
+        row = self.params.take(request.params)
+        held = self._held[request.request_id] = (row, slot, request.params.greedy)
         return held
 
     def free(self, request: Request) -> None:

@@ -21,6 +21,7 @@ def test_rows_are_filled_when_taken_and_freed_with_their_request():
     assert step.rows == [0, 1]
     assert step.host.tolist() == [[0.7, 5, 0.9, 0.1, 0.0], [1.0, MAX_TOP_K, 1.0, 0.0, 1.0]]
     assert state.rows([b, a]).params.rows == [1, 0]  # held from call to call
+    assert (step.greedy, state.rows([b]).params.greedy) == (False, True)
     state.free(a)
     c = make_request(2, temperature=1.5, top_p=0.5)
     step_c = state.rows([c]).params
