@@ -163,6 +163,7 @@ class Sampler:
     def _sample(
         self, logits: torch.Tensor, requests: list[Request], params: StepParams
     ) -> torch.Tensor:
+        params.settle(logits.device)
         if params.greedy:
             return row_argmax(logits)
         device = logits.device

@@ -35,10 +35,10 @@ class ParamRows:
 
     Rows are handed out (``take``) and given back on the engine thread (``SamplingState``
     does, with its slots), and ``host`` is written only there. A row's write reaches
-    ``on_device`` where steps sample (the step thread under async scheduling), in the
-    first step that reads the device columns and was built after it (``StepParams``):
-    a row given back while a step in flight still reads its old owner's parameters is
-    written for its new owner only after that read."""
+    ``on_device`` where calls sample (the step thread under async scheduling), in the
+    first call built after it (``StepParams.settle``): a row given back while a call in
+    flight still reads its old owner's parameters is written for its new owner only after
+    that read."""
 
     def __init__(self) -> None:
         self.host = np.zeros((0, 5), dtype=np.float64)
@@ -68,24 +68,30 @@ class ParamRows:
         self._steps += 1
         return StepParams(self, rows, self._steps, self.host[rows], greedy)
 
-    def device_rows(self, index: torch.Tensor, call: int) -> torch.Tensor:
-        """``on_device``'s rows at ``index``, after the writes of rows taken for the calls up
-        to ``call`` (``on_device`` grown to ``host``'s size first, keeping its rows)."""
-        device = index.device
+    def settle(self, device: torch.device, call: int) -> None:
+        """Write to ``on_device`` the rows taken for the calls up to ``call`` (growing it to
+        ``host``'s size first, keeping its rows); on the CPU without ``copy_on_cpu``, where
+        there is no copy, forget them."""
+        writes = []
+        while self._pending and self._pending[0][0] < call:
+            writes.append(self._pending.popleft())
+        if device.type == "cpu" and not self.copy_on_cpu:
+            return
         have = 0 if self.on_device is None else self.on_device.shape[0]
         if have < self.host.shape[0]:
             grown = torch.zeros(self.host.shape, dtype=torch.float64, device=device)
             if self.on_device is not None:
                 grown[:have] = self.on_device
             self.on_device = grown
-        assert self.on_device is not None
-        writes = []
-        while self._pending and self._pending[0][0] < call:
-            writes.append(self._pending.popleft())
         if writes:
             rows = to_device([row for _, row, _ in writes], device, torch.long)
             values = to_device(np.stack([v for _, _, v in writes]), device)
             self.on_device.index_copy_(0, rows, values)
+
+    def device_rows(self, index: torch.Tensor, call: int) -> torch.Tensor:
+        """``on_device``'s rows at ``index``, settled for ``call`` first."""
+        self.settle(index.device, call)
+        assert self.on_device is not None
         return self.on_device.index_select(0, index)
 
 
@@ -111,6 +117,11 @@ class StepParams:
         """Row ``i`` alone."""
         host = self.host[i : i + 1]
         return StepParams(self.table, [self.rows[i]], self.call, host, bool(host[0, GREEDY]))
+
+    def settle(self, device: torch.device) -> None:
+        """``ParamRows.settle`` for this call: every call runs it where it samples, so that
+        rows' writes never pile up (on a CPU) or wait for a call that reads the columns."""
+        self.table.settle(device, self.call)
 
     def column(self, which: int, dtype: type[np.generic], device: torch.device) -> torch.Tensor:
         """Column ``which`` of ``host`` as ``dtype`` on ``device``: on the CPU converted from

@@ -49,6 +49,7 @@ def test_a_reused_row_samples_with_its_new_owners_parameters():
     tokens = [sampler(logits, [new]).token_ids[0] for _ in range(8)]
     assert sampler.state.rows([new]).params.rows == [0]
     assert tokens == [Sampler()(logits, [twin]).token_ids[0] for _ in range(8)]
+    assert not sampler.state.params._pending  # no device copy: the writes are not kept
     assert set(tokens) == {1, 2, 3}
 
 
@@ -56,6 +57,7 @@ def test_the_device_copy_takes_a_row_write_only_in_the_calls_built_after_it():
     """Under async scheduling a call is built before the previous one samples: the earlier
     call still reads the old owner's row from the device copy, the later one the new."""
     state = SamplingState()
+    state.params.copy_on_cpu = True
     old = make_request(2, temperature=0.5, top_k=4)
     first = state.rows([old]).params
     state.free(old)
@@ -72,6 +74,7 @@ def test_the_device_copy_takes_a_row_write_only_in_the_calls_built_after_it():
 
 def test_rows_grow_past_a_chunk_keeping_the_rows_held():
     state = SamplingState()
+    state.params.copy_on_cpu = True
     requests = [make_request(2, temperature=1.0, top_p=(i + 1) / 40) for i in range(20)]
     step = state.rows(requests).params
     assert step.rows == list(range(20))
