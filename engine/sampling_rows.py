@@ -83,6 +83,7 @@ class ParamRows:
             if self.on_device is not None:
                 grown[:have] = self.on_device
             self.on_device = grown
+        assert self.on_device is not None
         if writes:
             rows = to_device([row for _, row, _ in writes], device, torch.long)
             values = to_device(np.stack([v for _, _, v in writes]), device)
