@@ -25,6 +25,7 @@ from kvserve.engine.executor.kv_pages import layer_caches
 from kvserve.engine.graphs.cpu_graphs import CPUDecodeGraphs
 from kvserve.engine.graphs.cuda_graphs import CUDAGraphs
 from kvserve.engine.graphs.graph_buckets import MixedBuckets, capture_sizes
+from kvserve.engine.graphs.padded_steps import PaddedSteps
 from kvserve.engine.graphs.static_batch import STATE
 from kvserve.engine.layers.attention.metadata import AttentionMetadata
 from kvserve.engine.layers.linear_attention.metadata import StateMetadata
@@ -150,8 +151,10 @@ class ModelRunner:
                 mixed_tokens = min(config.max_cudagraph_capture_size, plan.max_num_batched_tokens)
                 mixed = MixedBuckets(mixed_tokens, plan.max_num_seqs) if mixed_tokens > 1 else None
                 self.forward = CUDAGraphs(
-                    self.model, self.kv_caches, sizes, mixed, plan.max_blocks_per_seq, device,
-                    layout,
+                    PaddedSteps(
+                        self.model, self.kv_caches, sizes, mixed, plan.max_blocks_per_seq,
+                        device, layout,
+                    )
                 )  # fmt: skip
             elif plan.cpu_graphs:
                 self.forward = CPUDecodeGraphs(

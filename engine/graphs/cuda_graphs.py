@@ -17,13 +17,11 @@ batch each have block tables of groups x ``max_num_seqs`` x ``max_blocks_per_seq
 one eager warm-up run of its shape.
 """
 
-from collections.abc import Sequence
-
 import torch
 
-from kvserve.engine.graphs.graph_buckets import Bucket, MixedBuckets
+from kvserve.engine.graphs.graph_buckets import Bucket
 from kvserve.engine.graphs.padded_steps import PaddedSteps
-from kvserve.engine.models.decoder import DecoderLM, KVCache, StepMetadata
+from kvserve.engine.models.decoder import KVCache, StepMetadata
 
 
 def use_cuda_graphs(device: torch.device, backend_name: str, enforce_eager: bool) -> bool:
@@ -35,22 +33,12 @@ class CUDAGraphs:
     captured graph; any other step runs the model eagerly."""
 
     @torch.inference_mode()
-    def __init__(
-        self,
-        model: DecoderLM,
-        kv_caches: list[KVCache],
-        decode_sizes: list[int],
-        mixed: MixedBuckets | None,
-        max_blocks_per_seq: int,
-        device: torch.device,
-        layout: Sequence[int] = (),
-    ) -> None:
-        """``layout``: each layer's KV group (``StaticDecodeBatch``; no ``STATE``: a padding
-        row would need a scratch state slot, which the plan does not keep)."""
-        self.model = model
-        self.steps = PaddedSteps(
-            model, kv_caches, decode_sizes, mixed, max_blocks_per_seq, device, layout
-        )
+    def __init__(self, steps: PaddedSteps) -> None:
+        """Captures one graph of ``steps.run`` per bucket of ``steps`` (whose layout has no
+        ``STATE``: a padding row would need a scratch state slot, which the plan does not
+        keep)."""
+        self.model = steps.model
+        self.steps = steps
         self.graphs: dict[Bucket, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[Bucket, torch.Tensor] = {}
         pool = None
@@ -61,7 +49,7 @@ class CUDAGraphs:
                 self.outputs[bucket] = self.steps.run(bucket)
             pool = graph.pool()
             self.graphs[bucket] = graph
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(steps.decode.input_ids.device)
 
     def __call__(
         self,
